@@ -1,0 +1,14 @@
+"""Sentence-T5 sentence encoders in JAX/Flax."""
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+  # Lazy so that `import st5_jax` (and `st5 --help`) does not import JAX.
+  if name == "SentenceEncoder":
+    from st5_jax.encoder import SentenceEncoder
+    return SentenceEncoder
+  raise AttributeError(name)
+
+
+__all__ = ["SentenceEncoder"]

@@ -1,0 +1,49 @@
+"""Shared test set-up: 8 fake CPU devices, fp32 matmuls, paths to ../shared.
+
+XLA_FLAGS must be set before JAX is first imported, so this runs at collection time.
+"""
+
+import os
+import pathlib
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # keep TensorFlow off any GPU
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SHARED = pathlib.Path(os.environ.get("ST5_SHARED_DIR", REPO.parent / "shared"))
+os.environ.setdefault("ST5_DATA_DIR", str(SHARED / "data"))
+os.environ.setdefault("ST5_VOCAB", str(SHARED / "data" / "t5_spiece" / "spiece.model"))
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+# Reference comparisons at 1e-5 need true fp32 matmuls on every backend.
+jax.config.update("jax_default_matmul_precision", "highest")
+
+DATA_DIR = pathlib.Path(os.environ["ST5_DATA_DIR"])
+FIXTURES_DIR = SHARED / "fixtures"
+VOCAB = os.environ["ST5_VOCAB"]
+
+
+def _require(path: pathlib.Path) -> pathlib.Path:
+  # Fail, never skip: CI has ../shared, so its absence is a broken set-up.
+  if not path.exists():
+    raise FileNotFoundError(f"{path} is missing; tests read ../shared (set ST5_SHARED_DIR to relocate it).")
+  return path
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> pathlib.Path:
+  return _require(DATA_DIR)
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> pathlib.Path:
+  return _require(FIXTURES_DIR)
+
+
+@pytest.fixture(scope="session")
+def vocab_path() -> str:
+  return str(_require(pathlib.Path(VOCAB)))
