@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Creates (or reuses) the virtual environment at .venv/ and installs st5_jax into it.
+# Sourced by launch/tpu_run.sh and tests/run.sh; safe to run again (a stamp file skips
+# the install when pyproject.toml, the lock file and the extras are unchanged).
+#
+#   source launch/setup_env.sh            # the package (training, export, eval)
+#   ST5_EXTRAS=test source launch/setup_env.sh   # plus the test references (torch CPU, transformers)
+#
+# torch: `pip install torch==2.13.0` takes the CPU build where one is on the machine's
+# disk or index; elsewhere point pip at PyTorch's CPU index first:
+#   pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+set -euo pipefail
+ST5_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ST5_EXTRAS="${ST5_EXTRAS:-}"
+PYTHON="${PYTHON:-python3}"
+
+if [ ! -x "$ST5_ROOT/.venv/bin/python" ]; then
+  echo "[setup] creating $ST5_ROOT/.venv" >&2
+  "$PYTHON" -m venv "$ST5_ROOT/.venv"
+fi
+# shellcheck disable=SC1091
+source "$ST5_ROOT/.venv/bin/activate"
+
+stamp_key="$(cat "$ST5_ROOT/pyproject.toml" "$ST5_ROOT/requirements/lock.txt" | sha256sum | cut -c1-16)-${ST5_EXTRAS//,/_}"
+stamp="$ST5_ROOT/.venv/.st5-installed-$stamp_key"
+if [ ! -f "$stamp" ]; then
+  echo "[setup] installing st5_jax${ST5_EXTRAS:+[$ST5_EXTRAS]} into .venv (first run takes a few minutes)" >&2
+  python -m pip install --quiet --upgrade pip
+  if [[ ",$ST5_EXTRAS," == *",test,"* ]]; then
+    # Before the extra, so that nothing pulls a CUDA build of torch.
+    python -m pip install --quiet "torch==2.13.0" ${ST5_TORCH_INDEX:+--index-url "$ST5_TORCH_INDEX"}
+  fi
+  spec="$ST5_ROOT"
+  [ -n "$ST5_EXTRAS" ] && spec="$ST5_ROOT[$ST5_EXTRAS]"
+  python -m pip install --quiet -c "$ST5_ROOT/requirements/lock.txt" -e "$spec"
+  rm -f "$ST5_ROOT"/.venv/.st5-installed-*
+  touch "$stamp"
+fi
+
+# Public data and the vocabulary: ../shared/data beside the checkout unless set.
+if [ -z "${ST5_DATA_DIR:-}" ] && [ -d "$ST5_ROOT/../shared/data" ]; then
+  export ST5_DATA_DIR="$(cd "$ST5_ROOT/../shared/data" && pwd)"
+fi
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-3}"

@@ -1,0 +1,43 @@
+"""`st5 encode --model PATH --input sentences.txt --output emb.npy`."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+  p = sub.add_parser("encode", help="Encode sentences (one per line) to an .npy of embeddings.")
+  p.add_argument("--model", required=True, help="Work dir, model folder, HF/sentence-transformers folder, "
+                 "T5X checkpoint or SavedModel.")
+  p.add_argument("--input", required=True, help="Text file, one sentence per line ('-' for stdin).")
+  p.add_argument("--output", required=True, help="Where to write the float32 [N, D] .npy array.")
+  p.add_argument("--batch_size", type=int, default=64)
+  p.add_argument("--max_length", type=int, default=None, help="Token limit (EOS included); default: the model's.")
+  p.add_argument("--pooling", choices=["enc_first", "enc_mean", "encdec_first"], default=None,
+                 help="Override the pooling (needed for raw T5 checkpoints that do not record one).")
+  p.add_argument("--vocab", default=None, help="SentencePiece model (default: model folder, $ST5_VOCAB, $ST5_DATA_DIR).")
+  p.add_argument("--no_progress", action="store_true")
+  p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+  import sys
+  import time
+
+  import numpy as np
+
+  from st5_jax.encoder import SentenceEncoder
+
+  if args.input == "-":
+    lines = sys.stdin.read().splitlines()
+  else:
+    with open(args.input, encoding="utf-8") as f:
+      lines = f.read().splitlines()
+  encoder = SentenceEncoder.load(args.model, pooling=args.pooling, vocab=args.vocab, max_length=args.max_length)
+  start = time.perf_counter()
+  emb = encoder.encode(lines, batch_size=args.batch_size, show_progress=not args.no_progress)
+  elapsed = time.perf_counter() - start
+  np.save(args.output, emb)
+  print(f"encoded {len(lines)} sentences -> {args.output} {emb.shape} in {elapsed:.1f}s "
+        f"({len(lines) / max(elapsed, 1e-9):.0f} sentences/s)", file=sys.stderr)
+  return 0

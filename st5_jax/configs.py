@@ -1,0 +1,134 @@
+"""Frozen model configurations: T5 sizes and the Sentence-T5 head.
+
+Configs are plain data; gin binds them at the edges (gin/models/*.gin) and the model
+code reads them. `T5Config` carries everything that changes the parameter tree or the
+math; `ST5Config` adds pooling, projection and normalisation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+POOLINGS = ("enc_first", "enc_mean", "encdec_first")
+REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+  """Shapes and numerics of a T5 encoder-decoder (T5 1.0 or T5.1.1)."""
+
+  vocab_size: int = 32128
+  emb_dim: int = 768
+  num_heads: int = 12
+  head_dim: int = 64
+  mlp_dim: int = 3072
+  num_encoder_layers: int = 12
+  num_decoder_layers: int = 12
+  # ("relu",) for T5 1.0; ("gelu", "linear") is T5.1.1's gated GELU (tanh approximation).
+  mlp_activations: tuple[str, ...] = ("relu",)
+  # T5 1.0 ties the output projection to the embedding; T5.1.1 has `logits_dense`.
+  logits_via_embedding: bool = True
+  relative_attention_num_buckets: int = 32
+  relative_attention_max_distance: int = 128
+  layer_norm_epsilon: float = 1e-6
+  dropout_rate: float = 0.1
+  # Activation dtype; parameters are always float32.
+  dtype: str = "float32"
+  # Scan over layers (one compiled layer body; stacked params with a "layers" axis).
+  scan_layers: bool = False
+  remat_policy: str = "none"
+
+  def __post_init__(self):
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f"remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}")
+    if tuple(self.mlp_activations) != self.mlp_activations:
+      object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
+
+  def replace(self, **kw) -> "T5Config":
+    return dataclasses.replace(self, **kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class ST5Config:
+  """A Sentence-T5 tower: T5 + pooling + optional projection + L2 normalisation."""
+
+  t5: T5Config = T5Config()
+  pooling: str = "enc_mean"
+  # Size of the projection (no bias) after pooling; None is the paper's raw mode:
+  # pooled T5 outputs without projection.
+  embedding_dim: int | None = 768
+  normalize: bool = True
+  # Longest token sequence (EOS included) the encoder sees at inference.
+  max_length: int = 128
+
+  def __post_init__(self):
+    if self.pooling not in POOLINGS:
+      raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
+
+  @property
+  def uses_decoder(self) -> bool:
+    return self.pooling == "encdec_first"
+
+  @property
+  def output_dim(self) -> int:
+    return self.embedding_dim if self.embedding_dim is not None else self.t5.emb_dim
+
+  def replace(self, **kw) -> "ST5Config":
+    return dataclasses.replace(self, **kw)
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  def to_json(self) -> str:
+    return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+  @classmethod
+  def from_dict(cls, d: dict[str, Any]) -> "ST5Config":
+    d = dict(d)
+    t5 = dict(d.pop("t5", {}))
+    if "mlp_activations" in t5:
+      t5["mlp_activations"] = tuple(t5["mlp_activations"])
+    return cls(t5=T5Config(**t5), **d)
+
+
+def _t5_1_0(emb, mlp, heads, head_dim, layers) -> T5Config:
+  return T5Config(emb_dim=emb, mlp_dim=mlp, num_heads=heads, head_dim=head_dim,
+                  num_encoder_layers=layers, num_decoder_layers=layers,
+                  mlp_activations=("relu",), logits_via_embedding=True)
+
+
+def _t5_1_1(emb, mlp, heads, head_dim, layers) -> T5Config:
+  return T5Config(emb_dim=emb, mlp_dim=mlp, num_heads=heads, head_dim=head_dim,
+                  num_encoder_layers=layers, num_decoder_layers=layers,
+                  mlp_activations=("gelu", "linear"), logits_via_embedding=False)
+
+
+# Shapes from the T5 and T5.1.1 releases (../shared/DESIGN.md).
+SIZES: dict[str, T5Config] = {
+    "t5_small": _t5_1_0(512, 2048, 8, 64, 6),
+    "t5_base": _t5_1_0(768, 3072, 12, 64, 12),
+    "t5_large": _t5_1_0(1024, 4096, 16, 64, 24),
+    "t5_3b": _t5_1_0(1024, 16384, 32, 128, 24),
+    "t5_11b": _t5_1_0(1024, 65536, 128, 128, 24),
+    "t5_1_1_small": _t5_1_1(512, 1024, 6, 64, 8),
+    "t5_1_1_base": _t5_1_1(768, 2048, 12, 64, 12),
+    "t5_1_1_large": _t5_1_1(1024, 2816, 16, 64, 24),
+    "t5_1_1_xl": _t5_1_1(2048, 5120, 32, 64, 24),
+    "t5_1_1_xxl": _t5_1_1(4096, 10240, 64, 64, 24),
+    # Tiny sizes for tests and CPU runs (full T5 vocabulary, so real text works).
+    "t5_tiny": _t5_1_0(32, 64, 4, 8, 2),
+    "t5_1_1_tiny": _t5_1_1(32, 48, 4, 8, 2),
+    # Small enough to train on 2 CPU cores in minutes, large enough to learn NLI.
+    "t5_mini": _t5_1_0(128, 512, 4, 32, 4),
+}
+
+
+def t5_size(name: str, **overrides) -> T5Config:
+  """A named size, optionally with fields replaced (e.g. dtype, scan_layers)."""
+  try:
+    cfg = SIZES[name]
+  except KeyError:
+    raise ValueError(f"Unknown T5 size {name!r}; known: {', '.join(SIZES)}") from None
+  return cfg.replace(**overrides) if overrides else cfg

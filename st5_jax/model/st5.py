@@ -1,0 +1,89 @@
+"""Sentence-T5: a T5 tower pooled into one L2-normalised sentence embedding.
+
+Poolings (paper section 3): `enc_first` (encoder output of the first token),
+`enc_mean` (mean of encoder outputs over non-padding tokens), `encdec_first` (the
+first output of a decoder fed only the start token 0, after the final decoder norm and
+before any logits). Then an optional bias-free projection to `embedding_dim`
+(`embedding_dim=None` is the raw mode) and L2 normalisation in float32. A dual encoder
+applies the same module (same parameters) to both sides.
+
+Parameter paths match t5x_retrieval's dual encoder: `token_embedder`, `encoder`,
+`decoder` (encdec_first only) and `projection_layer/kernel` [embed, affinity].
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from st5_jax.configs import ST5Config
+from st5_jax.model import t5
+from st5_jax.vocab import DECODER_START_ID
+
+Array = jax.Array
+
+
+def l2_normalize(x_BxD: Array, eps: float = 1e-12) -> Array:
+  """x / max(||x||, eps), as torch.nn.functional.normalize (sentence-transformers)."""
+  norm = jnp.sqrt(jnp.sum(jnp.square(x_BxD), axis=-1, keepdims=True))
+  return x_BxD / jnp.maximum(norm, eps)
+
+
+def mean_pool(x_BxLxD: Array, mask_BxL: Array) -> Array:
+  """Mean over positions where mask is True, in float32 (zero for an all-pad row)."""
+  m = mask_BxL.astype(jnp.float32)[..., None]
+  total_BxD = jnp.sum(x_BxLxD.astype(jnp.float32) * m, axis=1)
+  return total_BxD / jnp.maximum(jnp.sum(m, axis=1), 1e-9)
+
+
+class SentenceT5(nn.Module):
+  """tokens [B, L] (pad 0, EOS-terminated) -> embeddings [B, output_dim] float32."""
+
+  config: ST5Config
+
+  def setup(self):
+    cfg = self.config.t5
+    self.token_embedder = t5.Embed(cfg.vocab_size, cfg.emb_dim, cfg.dtype)
+    self.encoder = t5.Encoder(cfg)
+    if self.config.uses_decoder:
+      self.decoder = t5.Decoder(cfg)
+    if self.config.embedding_dim is not None:
+      self.projection_layer = t5.Dense(self.config.embedding_dim, axes=("embed", "affinity"),
+                                       dtype=jnp.float32)
+
+  def encode(self, tokens_BxL: Array, *, deterministic: bool = True) -> Array:
+    """Final-normed encoder outputs [B, L, D]."""
+    return self.encoder(self.token_embedder(tokens_BxL), tokens_BxL > 0, deterministic=deterministic)
+
+  def pool(self, tokens_BxL: Array, *, deterministic: bool = True) -> Array:
+    """Pooled T5 representation [B, D] before projection, float32."""
+    mask_BxL = tokens_BxL > 0
+    encoded_BxLxD = self.encode(tokens_BxL, deterministic=deterministic)
+    pooling = self.config.pooling
+    if pooling == "enc_first":
+      return encoded_BxLxD[:, 0].astype(jnp.float32)
+    if pooling == "enc_mean":
+      return mean_pool(encoded_BxLxD, mask_BxL)
+    start_Bx1 = jnp.full((tokens_BxL.shape[0], 1), DECODER_START_ID, jnp.int32)
+    decoded_Bx1xD = self.decoder(self.token_embedder(start_Bx1), encoded_BxLxD, mask_BxL,
+                                 deterministic=deterministic)
+    return decoded_Bx1xD[:, 0].astype(jnp.float32)
+
+  def __call__(self, tokens_BxL: Array, *, deterministic: bool = True) -> Array:
+    x_BxD = self.pool(tokens_BxL, deterministic=deterministic)
+    if self.config.embedding_dim is not None:
+      x_BxD = self.projection_layer(x_BxD)
+    x_BxD = nn.with_logical_constraint(x_BxD, ("batch", "affinity"))
+    return l2_normalize(x_BxD) if self.config.normalize else x_BxD
+
+
+def init_params(config: ST5Config, rng: Array, *, length: int = 8):
+  """Boxed (logically partitioned) parameters of a fresh model."""
+  model = SentenceT5(config)
+  return model.init(rng, jnp.ones((1, length), jnp.int32))["params"]
+
+
+def abstract_params(config: ST5Config, *, length: int = 8):
+  """Shapes and logical axes of the parameters, without allocating them."""
+  return jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0), length=length))

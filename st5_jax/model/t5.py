@@ -1,0 +1,355 @@
+"""T5 1.0 / T5.1.1 encoder and decoder in Flax linen.
+
+Why linen: t5x, flaxformer and the public T5X checkpoints all use linen's parameter
+tree and its logical-partitioning metadata (`nn.with_logical_partitioning`,
+`nn.scan` with a "layers" axis, `nn.logical_to_mesh_sharding`), so parameter paths
+here are T5X's (`encoder/layers_0/attention/query/kernel`) and import is a rename-free
+copy. nnx would need its own partitioning and scan plumbing for no gain here.
+
+Parameters are float32 and carry logical axis names only; st5_jax/partitioning.py owns
+the rules that map them to a mesh. Activations are computed in `config.dtype`; layer
+norms, attention logits and softmax stay in float32.
+
+Math (as in Mesh TF T5, T5X and Hugging Face): RMS layer norm without bias or mean
+subtraction; no 1/sqrt(head_dim) scaling of attention logits (T5 folds it into the
+query initialisation); relative position buckets shared by all layers of a stack
+(bidirectional in the encoder, causal in the decoder); pre-norm residual blocks.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from st5_jax.configs import T5Config
+
+Array = jax.Array
+
+# Masked attention positions get this bias: large enough to zero a softmax weight, small
+# enough that bias + mask never overflows to -inf (a fully padded row stays finite).
+MASK_BIAS = -1e10
+
+_ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
+    "relu": nn.relu,
+    "gelu": functools.partial(nn.gelu, approximate=True),  # HF "gelu_new" / T5X "gelu"
+    "gelu_exact": functools.partial(nn.gelu, approximate=False),
+    "linear": lambda x: x,
+    "silu": nn.silu,
+}
+
+_REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_with_no_batch_dims": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+def _param(module: nn.Module, name: str, init, shape, axes):
+  return module.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
+
+
+def _constrain(x: Array, axes: tuple[str, ...]) -> Array:
+  # A no-op without logical axis rules and a mesh in context (e.g. plain CPU inference).
+  return nn.with_logical_constraint(x, axes)
+
+
+class LayerNorm(nn.Module):
+  """T5 RMS norm: x / rms(x) * scale, computed in float32, no bias."""
+
+  epsilon: float = 1e-6
+  dtype: str = "float32"
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    x32 = x.astype(jnp.float32)
+    var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+    scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), ("embed",))
+    return (x32 * jax.lax.rsqrt(var + self.epsilon) * scale).astype(self.dtype)
+
+
+class Dense(nn.Module):
+  """Bias-free projection of the last axis, kernel [in, out] named by `axes`."""
+
+  features: int
+  axes: tuple[str, str]
+  dtype: str = "float32"
+  init_scale: float = 1.0
+  kernel_init_mode: str = "fan_in"
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    init = nn.initializers.variance_scaling(self.init_scale, self.kernel_init_mode, "truncated_normal")
+    kernel = _param(self, "kernel", init, (x.shape[-1], self.features), self.axes)
+    return jnp.einsum("...d,df->...f", x.astype(self.dtype), kernel.astype(self.dtype))
+
+
+class Embed(nn.Module):
+  """The shared token embedding [vocab, embed]."""
+
+  num_embeddings: int
+  features: int
+  dtype: str = "float32"
+
+  def setup(self):
+    self.embedding = _param(self, "embedding", nn.initializers.normal(stddev=1.0),
+                            (self.num_embeddings, self.features), ("vocab", "embed"))
+
+  def __call__(self, tokens_BxL: Array) -> Array:
+    return jnp.take(self.embedding, tokens_BxL, axis=0).astype(self.dtype)
+
+  def attend(self, x_BxLxD: Array) -> Array:
+    """Tied output logits (T5 1.0), float32."""
+    return jnp.einsum("bld,vd->blv", x_BxLxD.astype(jnp.float32), self.embedding)
+
+
+def relative_position_buckets(q_len: int, k_len: int, *, bidirectional: bool, num_buckets: int,
+                              max_distance: int) -> np.ndarray:
+  """Bucket ids [q_len, k_len] of key-minus-query offsets (static shapes, so NumPy).
+
+  Half the buckets are exact offsets, the rest log-spaced up to `max_distance`; in the
+  bidirectional case the upper half of the buckets is for keys after the query.
+  Float32 logs, as Mesh TF and Hugging Face compute them.
+  """
+  rel_QxK = np.arange(k_len)[None, :] - np.arange(q_len)[:, None]
+  buckets = np.zeros_like(rel_QxK)
+  if bidirectional:
+    num_buckets //= 2
+    buckets += (rel_QxK > 0).astype(np.int64) * num_buckets
+    n = np.abs(rel_QxK)
+  else:
+    n = -np.minimum(rel_QxK, 0)
+  max_exact = num_buckets // 2
+  is_small = n < max_exact
+  with np.errstate(divide="ignore"):
+    scaled = (np.log(n.astype(np.float32) / np.float32(max_exact)) /
+              np.float32(np.log(max_distance / max_exact)) * np.float32(num_buckets - max_exact))
+  large = max_exact + np.where(is_small, 0, scaled).astype(np.int64)
+  large = np.minimum(large, num_buckets - 1)
+  return (buckets + np.where(is_small, n, large)).astype(np.int32)
+
+
+class RelativePositionBiases(nn.Module):
+  """One [heads, buckets] bias table per stack, looked up per (query, key) offset."""
+
+  num_heads: int
+  num_buckets: int
+  max_distance: int
+  bidirectional: bool
+
+  @nn.compact
+  def __call__(self, q_len: int, k_len: int) -> Array:
+    table_HxR = _param(self, "rel_embedding",
+                       nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+                       (self.num_heads, self.num_buckets), ("heads", "relpos_buckets"))
+    buckets_QxK = relative_position_buckets(q_len, k_len, bidirectional=self.bidirectional,
+                                            num_buckets=self.num_buckets,
+                                            max_distance=self.max_distance)
+    bias_HxQxK = jnp.take(table_HxR, jnp.asarray(buckets_QxK), axis=1)
+    return bias_HxQxK[None]  # [1, H, Q, K]
+
+
+def mask_to_bias(mask: Array) -> Array:
+  """Boolean attention mask (True = attend) -> additive float32 bias of the same shape."""
+  return jnp.where(mask, 0.0, MASK_BIAS).astype(jnp.float32)
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head dot-product attention without logit scaling; kernels [embed, joined_kv]."""
+
+  config: T5Config
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x_BxQxD: Array, kv_BxKxD: Array, bias_BxHxQxK: Array) -> Array:
+    cfg = self.config
+    H, K = cfg.num_heads, cfg.head_dim
+    dense = functools.partial(Dense, features=H * K, axes=("embed", "joined_kv"), dtype=cfg.dtype)
+    # T5 does not scale logits by 1/sqrt(K); it scales the query initialisation instead.
+    q = dense(name="query", init_scale=1.0 / K)(x_BxQxD)
+    k = dense(name="key")(kv_BxKxD)
+    v = dense(name="value")(kv_BxKxD)
+    B, Q, _ = q.shape
+    q_BxQxHxK = _constrain(q.reshape(B, Q, H, K), ("batch", "length", "heads", "kv"))
+    k_BxTxHxK = _constrain(k.reshape(B, -1, H, K), ("batch", "length", "heads", "kv"))
+    v_BxTxHxK = _constrain(v.reshape(B, -1, H, K), ("batch", "length", "heads", "kv"))
+    logits_BxHxQxT = jnp.einsum("bqhk,bthk->bhqt", q_BxQxHxK, k_BxTxHxK,
+                                preferred_element_type=jnp.float32)
+    weights = jax.nn.softmax(logits_BxHxQxT + bias_BxHxQxK, axis=-1)
+    weights = nn.Dropout(cfg.dropout_rate)(weights, deterministic=self.deterministic)
+    out_BxQxHxK = jnp.einsum("bhqt,bthk->bqhk", weights.astype(cfg.dtype), v_BxTxHxK)
+    out = Dense(cfg.emb_dim, axes=("joined_kv", "embed"), dtype=cfg.dtype, name="out")(
+        out_BxQxHxK.reshape(B, Q, H * K))
+    return _constrain(out, ("batch", "length", "embed"))
+
+
+class MlpBlock(nn.Module):
+  """ReLU MLP (T5 1.0: `wi`) or gated GELU (T5.1.1: `wi_0` * `wi_1`), then `wo`."""
+
+  config: T5Config
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x_BxLxD: Array) -> Array:
+    cfg = self.config
+    acts = cfg.mlp_activations
+    h = None
+    for i, act in enumerate(acts):
+      name = "wi" if len(acts) == 1 else f"wi_{i}"
+      branch = _ACTIVATIONS[act](Dense(cfg.mlp_dim, axes=("embed", "mlp"), dtype=cfg.dtype, name=name)(x_BxLxD))
+      h = branch if h is None else h * branch
+    h_BxLxF = _constrain(h, ("batch", "length", "mlp"))
+    h_BxLxF = nn.Dropout(cfg.dropout_rate)(h_BxLxF, deterministic=self.deterministic)
+    return Dense(cfg.emb_dim, axes=("mlp", "embed"), dtype=cfg.dtype, name="wo")(h_BxLxF)
+
+
+class EncoderLayer(nn.Module):
+  config: T5Config
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x_BxLxD: Array, bias_BxHxLxL: Array):
+    cfg = self.config
+    norm = functools.partial(LayerNorm, epsilon=cfg.layer_norm_epsilon, dtype=cfg.dtype)
+    drop = functools.partial(nn.Dropout(cfg.dropout_rate), deterministic=self.deterministic)
+    y = norm(name="pre_attention_layer_norm")(x_BxLxD)
+    y = MultiHeadAttention(cfg, self.deterministic, name="attention")(y, y, bias_BxHxLxL)
+    x = x_BxLxD + drop(y)
+    y = norm(name="pre_mlp_layer_norm")(x)
+    y = MlpBlock(cfg, self.deterministic, name="mlp")(y)
+    x = _constrain(x + drop(y), ("batch", "length", "embed"))
+    return x, None  # (carry, output) so the layer can be scanned
+
+
+class DecoderLayer(nn.Module):
+  config: T5Config
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, y_BxTxD: Array, encoded_BxLxD: Array, self_bias_BxHxTxT: Array,
+               cross_bias_BxHxTxL: Array):
+    cfg = self.config
+    norm = functools.partial(LayerNorm, epsilon=cfg.layer_norm_epsilon, dtype=cfg.dtype)
+    drop = functools.partial(nn.Dropout(cfg.dropout_rate), deterministic=self.deterministic)
+    h = norm(name="pre_self_attention_layer_norm")(y_BxTxD)
+    h = MultiHeadAttention(cfg, self.deterministic, name="self_attention")(h, h, self_bias_BxHxTxT)
+    y = y_BxTxD + drop(h)
+    h = norm(name="pre_cross_attention_layer_norm")(y)
+    h = MultiHeadAttention(cfg, self.deterministic, name="encoder_decoder_attention")(
+        h, encoded_BxLxD, cross_bias_BxHxTxL)
+    y = y + drop(h)
+    h = norm(name="pre_mlp_layer_norm")(y)
+    h = MlpBlock(cfg, self.deterministic, name="mlp")(h)
+    y = _constrain(y + drop(h), ("batch", "length", "embed"))
+    return y, None
+
+
+def _stack(layer_cls, cfg: T5Config, deterministic: bool, num_layers: int, num_broadcast: int):
+  """Returns a callable building the layer stack: a python loop or one nn.scan."""
+  if cfg.remat_policy != "none":
+    # prevent_cse is only needed outside scan (scan already blocks CSE across steps).
+    layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[cfg.remat_policy],
+                         prevent_cse=not cfg.scan_layers)
+  if cfg.scan_layers:
+    scanned = nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+                      in_axes=(nn.broadcast,) * num_broadcast, length=num_layers,
+                      metadata_params={nn.PARTITION_NAME: "layers"})
+
+    def run(x, *args):
+      return scanned(cfg, deterministic, name="layers")(x, *args)[0]
+  else:
+    def run(x, *args):
+      for i in range(num_layers):
+        x, _ = layer_cls(cfg, deterministic, name=f"layers_{i}")(x, *args)
+      return x
+  return run
+
+
+class Encoder(nn.Module):
+  """Embedded tokens -> final-normed encoder outputs [B, L, D]."""
+
+  config: T5Config
+
+  @nn.compact
+  def __call__(self, x_BxLxD: Array, mask_BxL: Array, *, deterministic: bool = True) -> Array:
+    cfg = self.config
+    L = x_BxLxD.shape[1]
+    bias = RelativePositionBiases(cfg.num_heads, cfg.relative_attention_num_buckets,
+                                  cfg.relative_attention_max_distance, bidirectional=True,
+                                  name="relpos_bias")(L, L)
+    # Only keys are masked (as in Hugging Face): outputs at padded positions are
+    # well-defined, finite, and ignored by pooling.
+    bias_BxHxLxL = bias + mask_to_bias(mask_BxL[:, None, None, :])
+    x = nn.Dropout(cfg.dropout_rate)(x_BxLxD, deterministic=deterministic)
+    x = _constrain(x, ("batch", "length", "embed"))
+    x = _stack(EncoderLayer, cfg, deterministic, cfg.num_encoder_layers, 1)(x, bias_BxHxLxL)
+    x = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, name="encoder_norm")(x)
+    return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+
+
+class Decoder(nn.Module):
+  """Embedded decoder inputs + encoder outputs -> final-normed decoder outputs [B, T, D]."""
+
+  config: T5Config
+
+  @nn.compact
+  def __call__(self, y_BxTxD: Array, encoded_BxLxD: Array, encoder_mask_BxL: Array, *,
+               decoder_mask_BxT: Array | None = None, deterministic: bool = True,
+               logits_embedder: "Embed | None" = None, return_logits: bool = False) -> Array:
+    """Decoder outputs [B, T, D], or vocabulary logits [B, T, V] with `return_logits`."""
+    cfg = self.config
+    T = y_BxTxD.shape[1]
+    bias = RelativePositionBiases(cfg.num_heads, cfg.relative_attention_num_buckets,
+                                  cfg.relative_attention_max_distance, bidirectional=False,
+                                  name="relpos_bias")(T, T)
+    # Every position attends to itself and earlier positions. The decoder start token
+    # is 0 (= pad), so padding of decoder inputs cannot come from the tokens.
+    self_mask_BxTxT = jnp.tril(jnp.ones((1, T, T), bool))
+    if decoder_mask_BxT is not None:
+      self_mask_BxTxT = self_mask_BxTxT & decoder_mask_BxT[:, None, :]
+    self_bias = bias + mask_to_bias(self_mask_BxTxT[:, None])
+    cross_bias = mask_to_bias(encoder_mask_BxL[:, None, None, :])
+    y = nn.Dropout(cfg.dropout_rate)(y_BxTxD, deterministic=deterministic)
+    y = _constrain(y, ("batch", "length", "embed"))
+    y = _stack(DecoderLayer, cfg, deterministic, cfg.num_decoder_layers, 3)(
+        y, encoded_BxLxD, self_bias, cross_bias)
+    y = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, name="decoder_norm")(y)
+    y = nn.Dropout(cfg.dropout_rate)(y, deterministic=deterministic)
+    if not return_logits:
+      return y
+    if cfg.logits_via_embedding:
+      # Tied embeddings: rescale as Mesh TF / T5X / Hugging Face do.
+      return logits_embedder.attend(y) / jnp.sqrt(jnp.float32(y.shape[-1]))
+    return Dense(cfg.vocab_size, axes=("embed", "vocab"), dtype=jnp.float32, name="logits_dense")(y)
+
+
+class T5(nn.Module):
+  """Full T5: shared embedding, encoder, decoder and output logits (for LM use and tests)."""
+
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, cfg.dtype)
+    self.encoder = Encoder(cfg)
+    self.decoder = Decoder(cfg)
+
+  def encode(self, tokens_BxL: Array, *, deterministic: bool = True) -> Array:
+    return self.encoder(self.token_embedder(tokens_BxL), tokens_BxL > 0, deterministic=deterministic)
+
+  def decode(self, encoded_BxLxD: Array, encoder_tokens_BxL: Array, decoder_input_tokens_BxT: Array, *,
+             deterministic: bool = True, return_logits: bool = False) -> Array:
+    return self.decoder(self.token_embedder(decoder_input_tokens_BxT), encoded_BxLxD,
+                        encoder_tokens_BxL > 0, deterministic=deterministic,
+                        logits_embedder=self.token_embedder, return_logits=return_logits)
+
+  def __call__(self, encoder_tokens_BxL: Array, decoder_input_tokens_BxT: Array, *,
+               deterministic: bool = True) -> Array:
+    """Teacher-forced logits [B, T, V]."""
+    encoded = self.encode(encoder_tokens_BxL, deterministic=deterministic)
+    return self.decode(encoded, encoder_tokens_BxL, decoder_input_tokens_BxT, deterministic=deterministic,
+                       return_logits=True)

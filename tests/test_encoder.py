@@ -1,0 +1,81 @@
+"""SentenceEncoder: order, batching, length buckets, native model folders, the CLI."""
+
+import jax
+import numpy as np
+import pytest
+
+from st5_jax import SentenceEncoder, cli, configs, vocab
+from st5_jax.checkpoints import native
+from st5_jax.encoder import length_bucket
+from st5_jax.model import init_params
+
+import flax.linen as nn
+
+TEXTS = ["short", "a much longer sentence with quite a few more words in it than the others",
+         "medium length sentence here", "", "short", "Hello world"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, vocab_path):
+  cfg = configs.ST5Config(t5=configs.t5_size("t5_tiny"), pooling="enc_mean", embedding_dim=16, max_length=32)
+  params = jax.device_get(nn.unbox(init_params(cfg, jax.random.PRNGKey(0))))
+  d = tmp_path_factory.mktemp("native_model")
+  native.save_model(d, cfg, params, step=7, vocab_file=vocab_path)
+  return d
+
+
+def test_native_round_trip_and_vocab_travels(model_dir, monkeypatch):
+  monkeypatch.delenv("ST5_VOCAB")
+  monkeypatch.delenv("ST5_DATA_DIR")
+  enc = SentenceEncoder.load(model_dir)  # vocab found in the folder itself
+  assert enc.source.startswith("native:") and enc.dim == 16
+  emb = enc.encode(TEXTS)
+  assert emb.shape == (6, 16) and emb.dtype == np.float32
+  np.testing.assert_allclose(np.linalg.norm(emb, axis=-1), 1, atol=1e-5)
+  np.testing.assert_allclose(emb[0], emb[4], atol=1e-6)  # same text, same embedding
+
+
+def test_batching_and_order_do_not_change_embeddings(model_dir):
+  enc = SentenceEncoder.load(model_dir)
+  full = enc.encode(TEXTS, batch_size=64)
+  one_by_one = np.stack([enc.encode([t])[0] for t in TEXTS])
+  np.testing.assert_allclose(full, one_by_one, atol=1e-5)
+  np.testing.assert_allclose(enc.encode(TEXTS, batch_size=2), full, atol=1e-5)
+  rev = enc.encode(TEXTS[::-1])
+  np.testing.assert_allclose(rev[::-1], full, atol=1e-5)
+  assert enc.encode([]).shape == (0, 16)
+  with pytest.raises(TypeError):
+    enc.encode("a single string")
+
+
+def test_truncation_to_max_length(model_dir):
+  enc = SentenceEncoder.load(model_dir, max_length=8)
+  long = " ".join(["word"] * 100)
+  tokens = enc.tokenize([long])[0]
+  assert len(tokens) == 8 and tokens[-1] == vocab.EOS_ID
+  assert np.all(np.isfinite(enc.encode([long])))
+
+
+def test_length_buckets():
+  assert [length_bucket(n, 128) for n in (1, 8, 9, 17, 100, 129)] == [8, 8, 16, 32, 128, 128]
+  assert length_bucket(70, 96) == 96
+
+
+def test_encode_command(model_dir, tmp_path):
+  inp = tmp_path / "sentences.txt"
+  inp.write_text("\n".join(TEXTS) + "\n")
+  out = tmp_path / "emb.npy"
+  assert cli.main(["encode", "--model", str(model_dir), "--input", str(inp), "--output", str(out),
+                   "--no_progress"]) == 0
+  emb = np.load(out)
+  np.testing.assert_allclose(emb, SentenceEncoder.load(model_dir).encode(TEXTS), atol=1e-6)
+
+
+def test_half_written_checkpoint_is_never_restored(model_dir, tmp_path):
+  import shutil
+  d = tmp_path / "copy"
+  shutil.copytree(model_dir, d)
+  # A crash mid-save leaves an uncommitted temporary step directory behind.
+  (d / "checkpoints" / "9.orbax-checkpoint-tmp-1234").mkdir()
+  _, _, step = native.load_params(d)
+  assert step == 7

@@ -1,0 +1,132 @@
+"""Model shapes, logical axes, scan equivalence and relative position buckets."""
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from transformers.models.t5.modeling_t5 import T5Attention
+
+from st5_jax import configs
+from st5_jax.checkpoints import tree
+from st5_jax.model import SentenceT5, abstract_params, t5 as t5_lib
+
+LOGICAL_AXES = {"embed", "mlp", "heads", "kv", "joined_kv", "vocab", "relpos_buckets", "layers", "affinity"}
+
+
+def _count(cfg):
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(nn.unbox(abstract_params(cfg))))
+
+
+@pytest.mark.parametrize("size,pooling,expected,rel", [
+    ("t5_11b", "enc_mean", 4.86e9, 0.005),
+    ("t5_11b", "encdec_first", 11.3e9, 0.005),
+    ("t5_base", "enc_mean", 110e6, 0.01),
+    ("t5_3b", "enc_mean", 1.24e9, 0.01),
+])
+def test_parameter_counts_without_allocation(size, pooling, expected, rel):
+  cfg = configs.ST5Config(t5=configs.t5_size(size), pooling=pooling, embedding_dim=None)
+  assert _count(cfg) == pytest.approx(expected, rel=rel)
+
+
+def test_projection_adds_embed_by_768():
+  base = configs.ST5Config(t5=configs.t5_size("t5_base"), embedding_dim=None)
+  assert _count(base.replace(embedding_dim=768)) - _count(base) == 768 * 768
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_every_parameter_has_logical_axes(scan):
+  cfg = configs.ST5Config(t5=configs.t5_size("t5_1_1_tiny", scan_layers=scan), pooling="encdec_first")
+  boxed = abstract_params(cfg)
+  specs = flatten_specs(nn.get_partition_spec(boxed))
+  shapes = tree.flatten(nn.unbox(boxed))
+  assert specs.keys() == shapes.keys()
+  for name, spec in specs.items():
+    assert len(spec) == len(shapes[name].shape), name
+    assert set(spec) <= LOGICAL_AXES, (name, spec)
+    if scan and "/layers/" in name:
+      assert spec[0] == "layers", name
+
+
+def flatten_specs(specs):
+  return {k: tuple(v) for k, v in tree.flatten(specs).items()}
+
+
+@pytest.mark.parametrize("pooling", ["enc_first", "enc_mean", "encdec_first"])
+def test_scan_and_remat_match_unrolled_layers(pooling):
+  cfg = configs.ST5Config(t5=configs.t5_size("t5_tiny"), pooling=pooling, embedding_dim=16)
+  cfg_scan = cfg.replace(t5=cfg.t5.replace(scan_layers=True, remat_policy="full"))
+  params = nn.unbox(SentenceT5(cfg).init(jax.random.PRNGKey(1), jnp.ones((1, 4), jnp.int32))["params"])
+  flat = {k: np.asarray(v) for k, v in tree.flatten(params).items()}
+  scanned = tree.unflatten(tree.stack_layers(flat))
+  tokens = jnp.array([[37, 1782, 5, 1, 0, 0], [100, 1, 0, 0, 0, 0]])
+  a = SentenceT5(cfg).apply({"params": params}, tokens)
+  b = SentenceT5(cfg_scan).apply({"params": scanned}, tokens)
+  np.testing.assert_allclose(a, b, atol=1e-6)
+  # Gradients through scan+remat equal the unrolled ones too.
+  ga = jax.grad(lambda p: SentenceT5(cfg).apply({"params": p}, tokens).sum())(params)
+  gb = jax.grad(lambda p: SentenceT5(cfg_scan).apply({"params": p}, tokens).sum())(scanned)
+  gb_flat = tree.unstack_layers({k: np.asarray(v) for k, v in tree.flatten(gb).items()})
+  for k, v in tree.flatten(ga).items():
+    np.testing.assert_allclose(v, gb_flat[k], atol=1e-5, err_msg=k)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (16, 64), (4, 128)])
+def test_relative_position_buckets_match_transformers(bidirectional, num_buckets, max_distance):
+  q, k = 300, 310
+  ours = t5_lib.relative_position_buckets(q, k, bidirectional=bidirectional, num_buckets=num_buckets,
+                                          max_distance=max_distance)
+  rel = torch.arange(k)[None, :] - torch.arange(q)[:, None]
+  ref = T5Attention._relative_position_bucket(rel, bidirectional=bidirectional, num_buckets=num_buckets,
+                                              max_distance=max_distance).numpy()
+  np.testing.assert_array_equal(ours, ref)
+  assert ours.min() >= 0 and ours.max() < num_buckets
+
+
+def test_padding_does_not_change_embeddings():
+  cfg = configs.ST5Config(t5=configs.t5_size("t5_tiny"), pooling="enc_mean", embedding_dim=8)
+  model = SentenceT5(cfg)
+  params = nn.unbox(model.init(jax.random.PRNGKey(0), jnp.ones((1, 4), jnp.int32))["params"])
+  short = model.apply({"params": params}, jnp.array([[37, 1782, 1]]))
+  long = model.apply({"params": params}, jnp.array([[37, 1782, 1, 0, 0, 0, 0, 0]]))
+  np.testing.assert_allclose(short, long, atol=1e-6)
+  assert np.all(np.isfinite(model.apply({"params": params}, jnp.zeros((2, 4), jnp.int32))))
+
+
+def test_bfloat16_activations_keep_float32_params_and_output():
+  cfg = configs.ST5Config(t5=configs.t5_size("t5_tiny", dtype="bfloat16"), embedding_dim=8)
+  model = SentenceT5(cfg)
+  params = nn.unbox(model.init(jax.random.PRNGKey(0), jnp.ones((1, 4), jnp.int32))["params"])
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
+  out = model.apply({"params": params}, jnp.array([[37, 1782, 1]]))
+  ref = SentenceT5(cfg.replace(t5=cfg.t5.replace(dtype="float32"))).apply({"params": params},
+                                                                            jnp.array([[37, 1782, 1]]))
+  assert out.dtype == jnp.float32
+  np.testing.assert_allclose(out, ref, atol=3e-2)
+
+
+def test_dropout_is_active_only_in_training():
+  cfg = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.5), embedding_dim=8)
+  model = SentenceT5(cfg)
+  params = nn.unbox(model.init(jax.random.PRNGKey(0), jnp.ones((1, 4), jnp.int32))["params"])
+  tokens = jnp.array([[37, 1782, 5, 1]])
+  det = model.apply({"params": params}, tokens)
+  np.testing.assert_allclose(det, model.apply({"params": params}, tokens), atol=0)
+  drop1 = model.apply({"params": params}, tokens, deterministic=False, rngs={"dropout": jax.random.PRNGKey(1)})
+  drop2 = model.apply({"params": params}, tokens, deterministic=False, rngs={"dropout": jax.random.PRNGKey(2)})
+  assert not np.allclose(drop1, det) and not np.allclose(drop1, drop2)
+
+
+def test_bad_config_values_are_rejected():
+  with pytest.raises(ValueError, match="pooling"):
+    configs.ST5Config(pooling="cls")
+  with pytest.raises(ValueError, match="remat_policy"):
+    configs.T5Config(remat_policy="sometimes")
+  with pytest.raises(ValueError, match="Unknown T5 size"):
+    configs.t5_size("t5_huge")
+  cfg = configs.ST5Config(t5=configs.t5_size("t5_1_1_xl"), pooling="encdec_first")
+  assert configs.ST5Config.from_dict(cfg.to_dict()) == cfg
