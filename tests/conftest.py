@@ -6,7 +6,9 @@ XLA_FLAGS must be set before JAX is first imported, so this runs at collection t
 import os
 import pathlib
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# 8 fake CPU devices for meshes; cheaper LLVM passes because tests compile far more than they run.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
+                      "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # keep TensorFlow off any GPU
@@ -21,6 +23,10 @@ import pytest  # noqa: E402
 
 # Reference comparisons at 1e-5 need true fp32 matmuls on every backend.
 jax.config.update("jax_default_matmul_precision", "highest")
+# Identical programs recur across tests (and test processes): reuse their executables.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / "st5_jax_test_xla_cache"))
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 DATA_DIR = pathlib.Path(os.environ["ST5_DATA_DIR"])
 FIXTURES_DIR = SHARED / "fixtures"

@@ -70,6 +70,9 @@ def vocab_dirs(path: str | os.PathLike) -> list[str]:
 
 def checkpoint_manager(directory: str | os.PathLike, **options):
   import orbax.checkpoint as ocp
+  if options.get("read_only"):
+    options.setdefault("create", False)
+    options.setdefault("save_interval_steps", 0)
   return ocp.CheckpointManager(os.path.abspath(os.path.join(directory, CHECKPOINT_DIR)),
                                options=ocp.CheckpointManagerOptions(**options))
 

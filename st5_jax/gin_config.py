@@ -1,0 +1,73 @@
+"""Gin at the edges: the configurables a run's gin files may bind, and the entry point.
+
+Only constructors of frozen configs and `run` are configurable; nothing under jit or
+inside the model and loss reads gin.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Any
+
+import gin
+
+from st5_jax import configs, optim, partitioning, paths, train
+
+_REGISTERED = False
+
+
+@gin.configurable("st5_model")
+def st5_model(size: str = "t5_base", *, pooling: str = "enc_mean", embedding_dim: int | None = 768,
+              normalize: bool = True, max_length: int = 128, dtype: str | None = None,
+              dropout_rate: float = 0.1, scan_layers: bool = False, remat_policy: str = "none",
+              **t5_overrides: Any) -> configs.ST5Config:
+  """An ST5Config from a named T5 size; dtype None = bfloat16 on accelerators, float32 on CPU."""
+  if dtype is None:
+    import jax
+    dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"
+  t5 = configs.t5_size(size, dtype=dtype, dropout_rate=dropout_rate, scan_layers=scan_layers,
+                       remat_policy=remat_policy, **t5_overrides)
+  return configs.ST5Config(t5=t5, pooling=pooling, embedding_dim=embedding_dim, normalize=normalize,
+                           max_length=max_length)
+
+
+def register() -> None:
+  """Registers the config classes (idempotent; `st5_model` and `run` are decorated)."""
+  global _REGISTERED
+  if _REGISTERED:
+    return
+  gin.external_configurable(optim.OptimizerConfig, "OptimizerConfig")
+  gin.external_configurable(train.TrainConfig, "TrainConfig")
+  gin.external_configurable(train.DataConfig, "DataConfig")
+  gin.external_configurable(partitioning.MeshConfig, "MeshConfig")
+  gin.external_configurable(partitioning.rules_from_pairs, "logical_rules")
+  _REGISTERED = True
+
+
+@gin.configurable("run", denylist=["workdir", "progress"])
+def run(*, workdir: str, progress: bool = True, model: configs.ST5Config = gin.REQUIRED,
+        train_config: train.TrainConfig = gin.REQUIRED, data: Any = gin.REQUIRED,
+        mesh: partitioning.MeshConfig = partitioning.MeshConfig(), init_from: str | None = None,
+        init_projection: str = "auto", vocab: str | None = None, eval_data_dir: str | None = None,
+        rules: Any = partitioning.DEFAULT_RULES, target: dict[str, Any] | None = None) -> train.TrainResult:
+  """The training entry point that gin files bind (`run.model = @st5_model()`, ...).
+
+  target: what the run is sized for (e.g. {"slice": "v4-256", "topology": "v4:4x4x8"});
+    informational here, used by `st5 aot` and launch/tpu_run.sh.
+  """
+  import jax
+
+  vocab_file = paths.vocab_path(vocab)
+  eval_data_dir = eval_data_dir or os.environ.get(paths.DATA_DIR_ENV)
+  wd = pathlib.Path(workdir)
+  if jax.process_index() == 0:
+    wd.mkdir(parents=True, exist_ok=True)
+    (wd / "config.gin").write_text(gin.config_str())
+  result = train.train(workdir=wd, model_config=model, train_config=train_config, make_iterator=data,
+                       mesh_config=mesh, init_from=init_from, init_projection=init_projection,
+                       vocab_file=vocab_file, eval_data_dir=eval_data_dir, rules=rules, progress=progress,
+                       run_info={"target": target} if target else None)
+  if jax.process_index() == 0:
+    (wd / "operative_config.gin").write_text(gin.operative_config_str())
+  return result

@@ -1,0 +1,88 @@
+"""Contrastive losses of Sentence-T5 (paper eqs. 13-15), pure jnp.
+
+All inputs are L2-normalised embeddings of the *global* batch (under jit on a mesh
+the arrays are global, so every query is scored against every positive and hard
+negative on every device and host):
+
+  eq. 13   L = -1/B sum_i log( e^{s(q_i, p_i)/t} / sum_j e^{s(q_i, p_j)/t} )
+  eq. 14   the denominator also sums e^{s(q_i, n_j)/t} over all hard negatives n_j
+  eq. 15   alignment  = E_pos ||f(x) - f(y)||^2
+           uniformity = log E_{x != y} e^{-2 ||f(x) - f(y)||^2}
+
+s is the dot product (= cosine for unit vectors) and t the temperature (0.01).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def contrastive_logits(left_BxD: Array, right_BxD: Array, right_neg_BxD: Array | None = None, *,
+                       temperature: float = 0.01) -> Array:
+  """Query-vs-candidates logits [B, B] or [B, 2B] (positives first, then hard negatives)."""
+  cands_CxD = right_BxD if right_neg_BxD is None else jnp.concatenate([right_BxD, right_neg_BxD], axis=0)
+  sims_BxC = jnp.einsum("bd,cd->bc", left_BxD.astype(jnp.float32), cands_CxD.astype(jnp.float32))
+  return sims_BxC / temperature
+
+
+def _softmax_xent(logits_BxC: Array, label_smoothing: float) -> tuple[Array, Array]:
+  """Per-example cross-entropy with targets on the diagonal, and top-1 correctness."""
+  B, C = logits_BxC.shape
+  labels_BxC = jax.nn.one_hot(jnp.arange(B), C, dtype=jnp.float32)
+  if label_smoothing:
+    labels_BxC = labels_BxC * (1.0 - label_smoothing) + label_smoothing / C
+  logp_BxC = jax.nn.log_softmax(logits_BxC, axis=-1)
+  xent_B = -jnp.sum(labels_BxC * logp_BxC, axis=-1)
+  correct_B = jnp.argmax(logits_BxC, axis=-1) == jnp.arange(B)
+  return xent_B, correct_B
+
+
+def alignment(x_BxD: Array, y_BxD: Array) -> Array:
+  """E ||x_i - y_i||^2 over positive pairs (lower is better)."""
+  return jnp.mean(jnp.sum(jnp.square(x_BxD - y_BxD), axis=-1))
+
+
+def uniformity(x_NxD: Array) -> Array:
+  """log E_{i != j} exp(-2 ||x_i - x_j||^2) (lower is better)."""
+  N = x_NxD.shape[0]
+  sq_NxN = jnp.sum(jnp.square(x_NxD[:, None, :] - x_NxD[None, :, :]), axis=-1)
+  off_diag = ~jnp.eye(N, dtype=bool)
+  # logsumexp over off-diagonal pairs minus log(count): stable for any temperature of the data.
+  return jax.nn.logsumexp(jnp.where(off_diag, -2.0 * sq_NxN, -jnp.inf)) - jnp.log(N * (N - 1.0))
+
+
+def in_batch_softmax_loss(left_BxD: Array, right_BxD: Array, right_neg_BxD: Array | None = None, *,
+                          temperature: float = 0.01, bidirectional: bool = False,
+                          label_smoothing: float = 0.0) -> tuple[Array, dict[str, Array]]:
+  """Mean loss (eq. 13, or eq. 14 with hard negatives) and batch metrics.
+
+  With `bidirectional`, the loss is the mean of the query->candidate term and an
+  answer->question term (positives scored against all queries of the batch).
+  """
+  left_BxD = left_BxD.astype(jnp.float32)
+  right_BxD = right_BxD.astype(jnp.float32)
+  logits_BxC = contrastive_logits(left_BxD, right_BxD, right_neg_BxD, temperature=temperature)
+  xent_B, correct_B = _softmax_xent(logits_BxC, label_smoothing)
+  loss = jnp.mean(xent_B)
+  if bidirectional:
+    logits_rev_BxB = contrastive_logits(right_BxD, left_BxD, temperature=temperature)
+    xent_rev_B, _ = _softmax_xent(logits_rev_BxB, label_smoothing)
+    loss = 0.5 * (loss + jnp.mean(xent_rev_B))
+
+  B = left_BxD.shape[0]
+  sims_BxB = logits_BxC[:, :B] * temperature
+  off_diag = ~jnp.eye(B, dtype=bool)
+  metrics = {
+      "loss": loss,
+      "accuracy": jnp.mean(correct_B.astype(jnp.float32)),
+      "positive_similarity": jnp.mean(jnp.diagonal(sims_BxB)),
+      "negative_similarity": jnp.sum(jnp.where(off_diag, sims_BxB, 0.0)) / jnp.maximum(B * (B - 1), 1),
+      "alignment": alignment(left_BxD, right_BxD),
+      "uniformity": uniformity(jnp.concatenate([left_BxD, right_BxD], axis=0)),
+  }
+  if right_neg_BxD is not None:
+    metrics["hard_negative_similarity"] = jnp.mean(jnp.diagonal(logits_BxC[:, B:]) * temperature)
+  return loss, metrics

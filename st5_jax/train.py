@@ -1,0 +1,483 @@
+"""Contrastive training of a Sentence-T5 dual encoder on a device mesh.
+
+One pure `train_step(state, batch)` (jit with explicit in/out shardings, donated
+state) and the loop around it: init or resume, data, checkpoints, metrics, periodic
+STS-B dev evaluation, preemption handling. Everything is configured by arguments;
+gin binds them in st5_jax/commands/train.py.
+
+Resuming: a work dir that holds a committed checkpoint is restored (params, optimizer
+state, step, data-iterator position), so rerunning the same command after an
+interruption yields the same parameters as an uninterrupted run. Dropout keys are
+`fold_in(PRNGKey(seed), step)`, so they need no saved state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import pathlib
+import signal
+import time
+from typing import Any, Callable, Iterator, Mapping, Protocol
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from st5_jax import losses, partitioning
+from st5_jax.checkpoints import native
+from st5_jax.configs import ST5Config
+from st5_jax.model.st5 import SentenceT5, abstract_params
+from st5_jax.optim import OptimizerConfig, make_optimizer
+
+log = logging.getLogger(__name__)
+
+LEFT, RIGHT, RIGHT_NEG = "left_encoder_input_tokens", "right_encoder_input_tokens", "right_negative_encoder_input_tokens"
+
+
+class NonFiniteLossError(RuntimeError):
+  pass
+
+
+class BatchIterator(Protocol):
+  """What the trainer needs from a data pipeline (st5_jax.data provides one)."""
+
+  def __next__(self) -> dict[str, jax.Array]: ...
+  def get_state(self) -> dict[str, Any]: ...
+  def set_state(self, state: Mapping[str, Any]) -> None: ...
+
+
+# (mesh, global_batch_size, seed) -> iterator of global batches sharded on the batch axes.
+IteratorFactory = Callable[[Mesh, int, int], BatchIterator]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  num_train_steps: int
+  global_batch_size: int
+  optimizer: OptimizerConfig = OptimizerConfig()
+  temperature: float = 0.01
+  bidirectional: bool = False
+  label_smoothing: float = 0.0
+  seed: int = 0
+  checkpoint_every: int = 1000
+  keep_checkpoints: int = 3
+  log_every: int = 10
+  # STS-B dev Spearman every N steps (0: only before and after training; -1: never).
+  eval_every: int = 0
+  # GradCache: split the batch into this many sub-batches for the backward pass (0/1: off).
+  grad_cache_chunks: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """A seqio task or mixture (registered by the `tasks` package) as training input."""
+
+  task: str
+  feature_lengths: Mapping[str, int]
+  dedup: bool = False
+  shuffle: bool = True
+  split: str = "train"
+
+  def __call__(self, mesh: Mesh, global_batch_size: int, seed: int) -> BatchIterator:
+    import tasks  # noqa: F401  (registers the seqio tasks)
+    from st5_jax.data import make_train_iterator
+    return make_train_iterator(task=self.task, feature_lengths=dict(self.feature_lengths),
+                               global_batch_size=global_batch_size, mesh=mesh,
+                               data_axes=partitioning.BATCH_AXES, seed=seed, shuffle=self.shuffle,
+                               dedup=self.dedup, split=self.split)
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+# ----------------------------------------------------------------------------- the step
+
+
+def make_train_step(model: SentenceT5, tx: optax.GradientTransformation, config: TrainConfig,
+                    schedule: optax.Schedule) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict]]:
+  """The pure step: embed both sides of the global batch, contrastive loss, Adafactor update."""
+  base_key = jax.random.PRNGKey(config.seed)
+  loss_kw = dict(temperature=config.temperature, bidirectional=config.bidirectional,
+                 label_smoothing=config.label_smoothing)
+
+  def embed(params, tokens_BxL, key):
+    return model.apply({"params": params}, tokens_BxL, deterministic=False, rngs={"dropout": key})
+
+  def loss_fn(params, batch, key):
+    k_left, k_right, k_neg = jax.random.split(key, 3)
+    left_BxD = embed(params, batch[LEFT], k_left)
+    right_BxD = embed(params, batch[RIGHT], k_right)
+    neg_BxD = embed(params, batch[RIGHT_NEG], k_neg) if RIGHT_NEG in batch else None
+    return losses.in_batch_softmax_loss(left_BxD, right_BxD, neg_BxD, **loss_kw)
+
+  def train_step(state: TrainState, batch: dict[str, jax.Array]):
+    key = jax.random.fold_in(base_key, state.step)
+    if config.grad_cache_chunks > 1:
+      from st5_jax import grad_cache
+      (loss, metrics), grads = grad_cache.value_and_grad(model, state.params, batch, key,
+                                                         chunks=config.grad_cache_chunks, loss_kw=loss_kw)
+    else:
+      (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, key)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = dict(metrics, learning_rate=schedule(state.step), grad_norm=optax.global_norm(grads),
+                   param_norm=optax.global_norm(params))
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  return train_step
+
+
+# ---------------------------------------------------------------------- state and sharding
+
+
+@dataclasses.dataclass
+class Setup:
+  """Everything derived from configs before any array exists."""
+
+  mesh: Mesh
+  model: SentenceT5
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  abstract_state: TrainState
+  state_shardings: TrainState
+  step_fn: Callable
+
+
+def build(model_config: ST5Config, train_config: TrainConfig, mesh: Mesh,
+          rules=partitioning.DEFAULT_RULES) -> Setup:
+  """Model, optimizer, abstract state and shardings, and the jitted step (not yet compiled)."""
+  partitioning.check_batch_size(train_config.global_batch_size, mesh)
+  model = SentenceT5(model_config)
+  tx, schedule = make_optimizer(train_config.optimizer, num_train_steps=train_config.num_train_steps)
+  boxed = abstract_params(model_config)
+  params_abs = nn.unbox(boxed)
+  p_shard = partitioning.param_shardings(boxed, mesh, rules)
+  opt_abs = jax.eval_shape(tx.init, params_abs)
+  o_shard = partitioning.derive_state_shardings(opt_abs, params_abs, p_shard, mesh)
+  rep = partitioning.replicated(mesh)
+  abstract_state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params_abs, opt_state=opt_abs)
+  state_shardings = TrainState(step=rep, params=p_shard, opt_state=o_shard)
+  batch_shard = partitioning.batch_sharding(mesh)
+  step = make_train_step(model, tx, train_config, schedule)
+
+  def step_with_rules(state, batch):
+    with partitioning.with_rules(rules):
+      return step(state, batch)
+
+  step_fn = jax.jit(step_with_rules, in_shardings=(state_shardings, batch_shard),
+                    out_shardings=(state_shardings, rep), donate_argnums=(0,))
+  return Setup(mesh, model, tx, schedule, abstract_state, state_shardings, step_fn)
+
+
+def init_state(setup: Setup, model_config: ST5Config, *, seed: int, init_params: Any | None = None) -> TrainState:
+  """A fresh state placed on the mesh: random parameters, or `init_params` (numpy tree)."""
+  shard = setup.state_shardings
+  if init_params is None:
+    def init_fn(key):
+      return nn.unbox(setup.model.init(key, jnp.ones((1, 8), jnp.int32))["params"])
+    params = jax.jit(init_fn, out_shardings=shard.params)(jax.random.PRNGKey(seed))
+  else:
+    params = jax.tree.map(lambda x, s: jax.device_put(np.asarray(x, np.float32), s), init_params, shard.params)
+  opt_state = jax.jit(setup.tx.init, out_shardings=shard.opt_state)(params)
+  step = jax.device_put(jnp.zeros((), jnp.int32), shard.step)
+  return TrainState(step=step, params=params, opt_state=opt_state)
+
+
+def _abstract_with_shardings(abstract: Any, shardings: Any) -> Any:
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+
+
+def restore_state(mngr, step: int, setup: Setup) -> tuple[TrainState, dict[str, Any]]:
+  """Restores a checkpoint onto this run's mesh (which may differ from the one that saved it)."""
+  import orbax.checkpoint as ocp
+  target_params = _abstract_with_shardings(setup.abstract_state.params, setup.state_shardings.params)
+  target_opt = _abstract_with_shardings(setup.abstract_state.opt_state, setup.state_shardings.opt_state)
+  restored = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target_params),
+                                                        opt_state=ocp.args.StandardRestore(target_opt),
+                                                        meta=ocp.args.JsonRestore()))
+  meta = restored["meta"]
+  step_arr = jax.device_put(jnp.asarray(meta["step"], jnp.int32), setup.state_shardings.step)
+  return TrainState(step=step_arr, params=restored["params"], opt_state=restored["opt_state"]), meta
+
+
+def restore_latest_good(mngr, setup: Setup) -> tuple[TrainState, dict[str, Any]] | None:
+  """Restores the newest checkpoint that reads back; skips (and reports) corrupt ones."""
+  for step in sorted(mngr.all_steps(), reverse=True):
+    try:
+      return restore_state(mngr, step, setup)
+    except Exception as e:  # noqa: BLE001  (any unreadable checkpoint: fall back to an older one)
+      log.error("Checkpoint at step %d in %s cannot be restored (%s: %s); trying the previous one.",
+                step, mngr.directory, type(e).__name__, str(e)[:300])
+  if mngr.all_steps():
+    raise RuntimeError(f"No checkpoint in {mngr.directory} can be restored (steps {mngr.all_steps()}); "
+                       "move the directory away to start over.")
+  return None
+
+
+def save_state(mngr, state: TrainState, meta: dict[str, Any], *, force: bool = False) -> None:
+  import orbax.checkpoint as ocp
+  mngr.save(int(meta["step"]), args=ocp.args.Composite(params=ocp.args.StandardSave(state.params),
+                                                       opt_state=ocp.args.StandardSave(state.opt_state),
+                                                       meta=ocp.args.JsonSave(meta)), force=force)
+
+
+# ------------------------------------------------------------------------------ the loop
+
+
+class _StopFlag:
+  """Turns SIGTERM/SIGINT (TPU preemption, Ctrl-C) into a checkpoint and a clean exit."""
+
+  def __init__(self):
+    self.signum: int | None = None
+    self._old = {}
+
+  def __enter__(self):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._old[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread: leave signals alone
+        pass
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.signum is not None:  # second signal: stop now
+      raise KeyboardInterrupt
+    self.signum = signum
+    log.warning("Received %s: will save a checkpoint after the current step and exit.", signal.Signals(signum).name)
+
+  def __exit__(self, *exc):
+    for sig, old in self._old.items():
+      signal.signal(sig, old)
+
+
+@dataclasses.dataclass
+class TrainResult:
+  step: int
+  interrupted_by: str | None
+  summary: dict[str, Any]
+
+
+def _is_lead() -> bool:
+  return jax.process_index() == 0
+
+
+class _MetricWriter:
+  """metrics.jsonl + TensorBoard (tensorboardX), written by process 0 only."""
+
+  def __init__(self, workdir: pathlib.Path):
+    self.enabled = _is_lead()
+    self.tb = None
+    if self.enabled:
+      self.jsonl = open(workdir / "metrics.jsonl", "a", encoding="utf-8")
+      try:
+        from tensorboardX import SummaryWriter
+        self.tb = SummaryWriter(str(workdir / "tensorboard"))
+      except ImportError:  # pragma: no cover - tensorboardX is a pinned dependency
+        log.warning("tensorboardX missing: no TensorBoard summaries")
+
+  def write(self, step: int, scalars: Mapping[str, float], prefix: str = "train") -> None:
+    if not self.enabled:
+      return
+    row = {"step": step, "time": time.time(), **{f"{prefix}/{k}": float(v) for k, v in scalars.items()}}
+    self.jsonl.write(json.dumps(row) + "\n")
+    self.jsonl.flush()
+    if self.tb:
+      for k, v in scalars.items():
+        self.tb.add_scalar(f"{prefix}/{k}", float(v), step)
+
+  def close(self):
+    if self.enabled:
+      self.jsonl.close()
+      if self.tb:
+        self.tb.close()
+
+
+def sts_dev_eval(model_config: ST5Config, params: Any, *, data_dir: str | None, vocab_file: str,
+                 batch_size: int = 128) -> float | None:
+  """STS-B dev Spearman x100 of the current parameters, or None without data."""
+  if not data_dir:
+    return None
+  from st5_jax import vocab as vocab_lib
+  from st5_jax.encoder import SentenceEncoder
+  from st5_jax.evaluation import sts_dev_spearman
+
+  cfg = model_config.replace(t5=model_config.t5.replace(dropout_rate=0.0))
+  enc = SentenceEncoder(cfg, params, tokenizer=vocab_lib.Tokenizer(vocab_file), max_batch_size=batch_size)
+  return float(sts_dev_spearman(enc.encode, data_dir=data_dir))
+
+
+def _tokens_per_example(batch: Mapping[str, jax.Array]) -> int:
+  return sum(int(v.shape[1]) for v in batch.values())
+
+
+def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: TrainConfig,
+          make_iterator: IteratorFactory, mesh_config: partitioning.MeshConfig = partitioning.MeshConfig(),
+          init_from: str | None = None, init_projection: str = "auto", vocab_file: str,
+          eval_data_dir: str | None = None, rules=partitioning.DEFAULT_RULES, progress: bool = True,
+          run_info: Mapping[str, Any] | None = None, stop_after_steps: int | None = None) -> TrainResult:
+  """Trains (or resumes) in `workdir`; returns the final step and a summary.
+
+  init_from: a pre-trained model in any format `SentenceEncoder.load` reads; its T5
+    architecture must match `model_config.t5` (numerics such as dtype, dropout and
+    scan come from `model_config`). Ignored when `workdir` already has a checkpoint.
+  init_projection: "auto" keeps the checkpoint's projection when it has one of the
+    right size, else initialises one; "fresh" always initialises it.
+  stop_after_steps: stop (with a checkpoint) after this many steps of this invocation;
+    for tests and time-boxed jobs. The schedule still follows num_train_steps.
+  """
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  tc = train_config
+  if tc.eval_every < 0:
+    eval_data_dir = None
+  elif not eval_data_dir:
+    log.warning("No data dir (ST5_DATA_DIR or run.eval_data_dir): skipping STS-B dev evaluation.")
+  mesh = partitioning.make_mesh(mesh_config)
+  setup = build(model_config, tc, mesh, rules)
+  if _is_lead():
+    native.write_config(workdir, model_config)
+    native.copy_vocab(workdir, vocab_file)
+    (workdir / "train_config.json").write_text(json.dumps(dataclasses.asdict(tc), indent=2))
+  mngr = native.checkpoint_manager(workdir, max_to_keep=tc.keep_checkpoints, enable_async_checkpointing=True)
+  writer = _MetricWriter(workdir)
+  summary_path = workdir / "results.json"
+  summary: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+  summary.update({"workdir": str(workdir), "num_train_steps": tc.num_train_steps,
+                  "global_batch_size": tc.global_batch_size, "mesh": dict(mesh.shape), **(run_info or {})})
+
+  with mesh:
+    restored = restore_latest_good(mngr, setup)
+    iterator = make_iterator(mesh, tc.global_batch_size, tc.seed)
+    if restored is not None:
+      state, meta = restored
+      iterator.set_state(meta["data_state"])
+      log.info("Resumed from %s at step %d", mngr.directory, meta["step"])
+    else:
+      init_params = None
+      if init_from:
+        init_params = _load_pretrained(init_from, model_config, init_projection, tc.seed)
+        summary["init_from"] = str(init_from)
+      state = init_state(setup, model_config, seed=tc.seed, init_params=init_params)
+      before = sts_dev_eval(model_config, state.params, data_dir=eval_data_dir, vocab_file=vocab_file)
+      summary["stsb_dev_spearman_before"] = before
+      if before is not None:
+        writer.write(0, {"stsb_dev_spearman": before}, prefix="eval")
+        log.info("STS-B dev Spearman before training: %.2f", before)
+
+    start_step = int(jax.device_get(state.step))
+    result = _loop(setup, state, iterator, mngr, writer, tc, start_step=start_step, progress=progress,
+                   model_config=model_config, eval_data_dir=eval_data_dir, vocab_file=vocab_file,
+                   summary=summary, stop_after_steps=stop_after_steps)
+  mngr.wait_until_finished()
+  mngr.close()
+  writer.close()
+  if _is_lead():
+    summary_path.write_text(json.dumps(summary, indent=2))
+  return result
+
+
+def _load_pretrained(path: str, model_config: ST5Config, init_projection: str, seed: int) -> Any:
+  from st5_jax.encoder import load_model
+
+  if init_projection not in ("auto", "fresh"):
+    raise ValueError(f"init_projection must be 'auto' or 'fresh', got {init_projection!r}")
+  t = model_config.t5
+  numerics = dict(dtype=t.dtype, dropout_rate=t.dropout_rate, scan_layers=t.scan_layers,
+                  remat_policy=t.remat_policy)
+  loaded_cfg, params, report, fmt = load_model(
+      path, pooling=model_config.pooling, embedding_dim=model_config.embedding_dim,
+      fresh_projection=(init_projection == "fresh"), rng=jax.random.PRNGKey(seed + 1), t5_overrides=numerics)
+  if loaded_cfg.t5 != t:
+    diffs = {f.name: (getattr(loaded_cfg.t5, f.name), getattr(t, f.name)) for f in dataclasses.fields(t)
+             if getattr(loaded_cfg.t5, f.name) != getattr(t, f.name)}
+    raise ValueError(f"{path} ({fmt}) does not match the configured model: "
+                     + ", ".join(f"{k}: checkpoint {a} vs config {b}" for k, (a, b) in diffs.items()))
+  log.info("Initialised from %s: %s", path, report.summary())
+  return params
+
+
+def _loop(setup: Setup, state: TrainState, iterator: BatchIterator, mngr, writer: _MetricWriter,
+          tc: TrainConfig, *, start_step: int, progress: bool, model_config: ST5Config,
+          eval_data_dir: str | None, vocab_file: str, summary: dict[str, Any],
+          stop_after_steps: int | None) -> TrainResult:
+  step = start_step
+  end = tc.num_train_steps if stop_after_steps is None else min(tc.num_train_steps, start_step + stop_after_steps)
+  bar = None
+  if progress and _is_lead():
+    from tqdm import tqdm
+    bar = tqdm(total=tc.num_train_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+  t_last, steps_since, examples_since, tokens_since = time.perf_counter(), 0, 0, 0
+  t_start = time.perf_counter()
+  interrupted = None
+  last_metrics: dict[str, float] = {}
+
+  def meta_for(step_: int) -> dict[str, Any]:
+    return {"step": step_, "data_state": iterator.get_state(), "seed": tc.seed, "time": time.time()}
+
+  with _StopFlag() as stop:
+    while step < end:
+      batch = next(iterator)
+      state, metrics = setup.step_fn(state, batch)
+      step += 1
+      steps_since += 1
+      examples_since += tc.global_batch_size
+      tokens_since += tc.global_batch_size * _tokens_per_example(batch)
+      is_ckpt = step % tc.checkpoint_every == 0 or step == end
+      is_log = step % tc.log_every == 0 or is_ckpt or step == end or stop.signum is not None
+      if is_log:
+        host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        if not (math.isfinite(host["loss"]) and math.isfinite(host["grad_norm"])):
+          mngr.wait_until_finished()
+          raise NonFiniteLossError(
+              f"Non-finite loss ({host['loss']}) or gradient norm ({host['grad_norm']}) at step {step}; stopping "
+              f"without saving. The last good checkpoint is step {mngr.latest_step()} in "
+              f"{mngr.directory}. Lower the learning rate, check the data, or use float32 activations.")
+        now = time.perf_counter()
+        dt = max(now - t_last, 1e-9)
+        host.update(examples_per_sec=examples_since / dt, tokens_per_sec=tokens_since / dt,
+                    steps_per_sec=steps_since / dt)
+        writer.write(step, host)
+        last_metrics = host
+        t_last, steps_since, examples_since, tokens_since = now, 0, 0, 0
+        if bar:
+          bar.set_postfix(loss=f"{host['loss']:.3f}", acc=f"{host['accuracy']:.2f}",
+                          ex_s=f"{host['examples_per_sec']:.0f}", refresh=False)
+      if bar:
+        bar.update(1)
+      if tc.eval_every > 0 and step % tc.eval_every == 0 and step != tc.num_train_steps:
+        score = sts_dev_eval(model_config, state.params, data_dir=eval_data_dir, vocab_file=vocab_file)
+        if score is not None:
+          writer.write(step, {"stsb_dev_spearman": score}, prefix="eval")
+          log.info("step %d: STS-B dev Spearman %.2f", step, score)
+      if stop.signum is not None:
+        interrupted = signal.Signals(stop.signum).name
+        save_state(mngr, state, meta_for(step), force=True)
+        break
+      if is_ckpt:
+        save_state(mngr, state, meta_for(step))
+  if bar:
+    bar.close()
+  mngr.wait_until_finished()
+  elapsed = time.perf_counter() - t_start
+  summary.update({"last_step": step, "train_seconds_this_run": round(elapsed, 1),
+                  "final_metrics": last_metrics, "interrupted_by": interrupted})
+  if step == tc.num_train_steps and interrupted is None:
+    after = sts_dev_eval(model_config, state.params, data_dir=eval_data_dir, vocab_file=vocab_file)
+    summary["stsb_dev_spearman_after"] = after
+    if after is not None:
+      writer.write(step, {"stsb_dev_spearman": after}, prefix="eval")
+      log.info("STS-B dev Spearman after training: %.2f", after)
+  return TrainResult(step=step, interrupted_by=interrupted, summary=summary)

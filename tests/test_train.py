@@ -1,0 +1,286 @@
+"""The trainer: schedule, Adafactor, sharded steps, checkpoints, resume, failure modes."""
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import flax.linen as nn
+import jax
+import numpy as np
+import optax
+import pytest
+
+import synthetic
+from st5_jax import configs, optim, partitioning, train
+from st5_jax.checkpoints import native, tree
+
+TINY = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0, vocab_size=384), embedding_dim=16)
+
+
+def _tc(**kw):
+  base = dict(num_train_steps=6, global_batch_size=16, checkpoint_every=100, log_every=1, eval_every=-1,
+              optimizer=optim.OptimizerConfig(learning_rate=1e-2))
+  base.update(kw)
+  return train.TrainConfig(**base)
+
+
+def _run(workdir, vocab_path, mesh=partitioning.MeshConfig(), model=TINY, data=None, **kw):
+  tc = kw.pop("tc", None) or _tc()
+  return train.train(workdir=workdir, model_config=model, train_config=tc, make_iterator=data or synthetic.factory(),
+                     mesh_config=mesh, vocab_file=vocab_path, progress=False, **kw)
+
+
+def _params(workdir):
+  _, params, step = native.load_params(workdir)
+  return step, {k: np.asarray(v) for k, v in tree.flatten(params).items()}
+
+
+def test_schedule_values():
+  sched = optim.learning_rate_schedule(learning_rate=1e-3, num_train_steps=1000, constant_fraction=0.1)
+  assert float(sched(0)) == pytest.approx(1e-3)
+  assert float(sched(99)) == pytest.approx(1e-3)
+  assert float(sched(100)) == pytest.approx(1e-3)  # 10%: decay starts here
+  assert float(sched(550)) == pytest.approx(0.5e-3)  # 55%: halfway down
+  assert float(sched(1000)) == pytest.approx(0.0, abs=1e-12)  # 100%: zero at the last step
+  assert float(sched(1200)) == 0.0
+
+
+def test_adafactor_state_is_factored_for_large_matrices():
+  tx, _ = optim.make_optimizer(optim.OptimizerConfig(), num_train_steps=10)
+  params = {"big": np.zeros((256, 512), np.float32), "small": np.zeros((64, 512), np.float32),
+            "vec": np.zeros((768,), np.float32)}
+  factored = tx.init(params)[0]
+  assert factored.v_row["big"].shape == (256,) and factored.v_col["big"].shape == (512,)
+  assert factored.v["big"].shape == (1,)  # no full second moment kept
+  assert factored.v["small"].shape == (64, 512) and factored.v["vec"].shape == (768,)  # below 128 / 1-D
+  # t5x semantics: update RMS clipped at 1 and scaled by the parameter's RMS (floor 1e-3).
+  grads = {k: np.ones_like(v) for k, v in params.items()}
+  upd, _ = tx.update(grads, tx.init(params), params)
+  np.testing.assert_allclose(np.asarray(upd["vec"]), -1e-3 * 1e-3, rtol=1e-5)
+
+
+def test_adafactor_matches_a_numpy_reference_for_a_factored_matrix():
+  """One step of t5x Adafactor (decay 0.8, clip 1.0, param scale) re-derived in NumPy."""
+  rng = np.random.default_rng(0)
+  w = rng.normal(size=(128, 256)).astype(np.float32)
+  g = rng.normal(size=(128, 256)).astype(np.float32)
+  tx, _ = optim.make_optimizer(optim.OptimizerConfig(learning_rate=1e-3), num_train_steps=10)
+  upd, _ = tx.update({"w": g}, tx.init({"w": w}), {"w": w})
+  beta2 = 1 - 1.0 ** -0.8  # step 1: decay rate 0 -> statistics are this gradient's
+  g2 = g.astype(np.float64) ** 2 + 1e-30
+  v_row = (1 - beta2) * g2.mean(1)
+  v_col = (1 - beta2) * g2.mean(0)
+  v_hat = np.outer(v_row, v_col) / v_row.mean()
+  u = g / np.sqrt(v_hat)
+  u = u / max(1.0, np.sqrt(np.mean(u ** 2)))
+  u = -1e-3 * max(np.sqrt(np.mean(w.astype(np.float64) ** 2)), 1e-3) * u
+  np.testing.assert_allclose(np.asarray(upd["w"]), u, rtol=2e-4, atol=1e-9)
+
+
+def _one_step(mesh, model=TINY):
+  # epsilon1=1e-6: Adafactor's first update is ~sign(g) per element, so with the default
+  # 1e-30 a gradient of 1e-12 (reduction-order noise) would flip a full-size update.
+  setup = train.build(model, _tc(optimizer=optim.OptimizerConfig(learning_rate=1e-2, epsilon1=1e-6)), mesh)
+  with mesh:
+    state = train.init_state(setup, model, seed=0)
+    it = synthetic.SyntheticPairs(mesh, 16, 0)
+    for _ in range(2):
+      state, metrics = setup.step_fn(state, next(it))
+  flat = {k: np.asarray(jax.device_get(v)) for k, v in tree.flatten(state.params).items()}
+  return flat, jax.device_get(metrics)
+
+
+@pytest.fixture(scope="module")
+def unsharded_steps():
+  return _one_step(partitioning.make_mesh(partitioning.MeshConfig(1, 1, 1), devices=jax.devices()[:1]))
+
+
+# (data, fsdp, model): the issue's (8,1), (4,2), (2,4) data x model meshes, and fsdp.
+@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (4, 1, 2), (2, 1, 4), (2, 2, 2)])
+def test_sharded_step_equals_unsharded(mesh_shape, unsharded_steps):
+  ref, ref_m = unsharded_steps
+  got, m = _one_step(partitioning.make_mesh(partitioning.MeshConfig(*mesh_shape)))
+  assert float(m["loss"]) == pytest.approx(float(ref_m["loss"]), rel=1e-5)
+  for k in ref:
+    np.testing.assert_allclose(got[k], ref[k], atol=2e-5, rtol=1e-4, err_msg=k)
+
+
+def test_parameters_and_optimizer_state_are_really_sharded():
+  mesh = partitioning.make_mesh(partitioning.MeshConfig(2, 2, 2))
+  setup = train.build(TINY, _tc(), mesh)
+  q = setup.state_shardings.params["encoder"]["layers_0"]["attention"]["query"]["kernel"]
+  assert q.spec == jax.sharding.PartitionSpec("fsdp", "model")
+  fac = setup.state_shardings.opt_state[0]
+  # Tiny dims are < 128: unfactored, so the full second moment is sharded like its parameter.
+  assert fac.v["token_embedder"]["embedding"].spec == jax.sharding.PartitionSpec("model", "fsdp")
+  # Factored statistics keep the sharding of the dimension they keep.
+  P = jax.sharding.PartitionSpec
+  params = {"w": jax.ShapeDtypeStruct((256, 512), np.float32)}
+  p_shard = {"w": jax.sharding.NamedSharding(mesh, P("fsdp", "model"))}
+  tx, _ = optim.make_optimizer(optim.OptimizerConfig(), num_train_steps=10)
+  opt = jax.eval_shape(tx.init, params)
+  derived = partitioning.derive_state_shardings(opt, params, p_shard, mesh)[0]
+  assert derived.v_row["w"].spec == P("fsdp") and derived.v_col["w"].spec == P("model")
+  assert derived.v["w"].spec == P() and derived.count.spec == P()
+
+
+def test_clear_errors_before_compiling():
+  with pytest.raises(partitioning.PartitioningError, match="needs 12 devices, but 8"):
+    partitioning.make_mesh(partitioning.MeshConfig(3, 2, 2))
+  with pytest.raises(partitioning.PartitioningError, match="not divisible by the 8 batch shards"):
+    train.build(TINY, _tc(global_batch_size=12), partitioning.make_mesh(partitioning.MeshConfig(8, 1, 1)))
+  odd = TINY.replace(t5=TINY.t5.replace(num_heads=3, head_dim=6))  # joined_kv 18 over model=4
+  with pytest.raises(partitioning.PartitioningError, match=r"attention.*dim 18 over mesh axis model \(size 4\)"):
+    train.build(odd, _tc(), partitioning.make_mesh(partitioning.MeshConfig(2, 1, 4)))
+
+
+def test_loss_goes_down_and_outputs_are_written(tmp_path, vocab_path):
+  tc = _tc(num_train_steps=32, checkpoint_every=10, keep_checkpoints=2, log_every=1)
+  result = _run(tmp_path, vocab_path, tc=tc, data=synthetic.factory(cycle=4))  # 4 batches, 8 epochs
+  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  losses_ = [r["train/loss"] for r in rows if "train/loss" in r]
+  assert result.step == 32 and len(losses_) == 32
+  assert np.mean(losses_[-4:]) < 0.5 * np.mean(losses_[:4])  # same 4 batches, first vs last epoch
+  assert {"train/accuracy", "train/alignment", "train/uniformity", "train/examples_per_sec",
+          "train/learning_rate"} <= set(rows[-1])
+  assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [30, 32]
+  summary = json.loads((tmp_path / "results.json").read_text())
+  assert summary["last_step"] == 32 and summary["final_metrics"]["loss"] == pytest.approx(losses_[-1])
+  assert list((tmp_path / "tensorboard").iterdir())
+  assert native.read_config(tmp_path) == TINY
+
+
+def test_resume_on_a_different_mesh_matches(tmp_path, vocab_path):
+  # Different meshes reduce in different orders; epsilon1 keeps Adafactor's sign-like first
+  # updates from amplifying that noise (see _one_step).
+  tc = _tc(num_train_steps=8, optimizer=optim.OptimizerConfig(learning_rate=1e-2, epsilon1=1e-6))
+  full = tmp_path / "full"
+  _run(full, vocab_path, mesh=partitioning.MeshConfig(8, 1, 1), tc=tc)
+  split = tmp_path / "split"
+  r1 = _run(split, vocab_path, mesh=partitioning.MeshConfig(2, 2, 2), tc=tc, stop_after_steps=4)
+  assert r1.step == 4
+  r2 = _run(split, vocab_path, mesh=partitioning.MeshConfig(1, 4, 2), tc=tc)
+  assert r2.step == 8
+  (sa, a), (sb, b) = _params(full), _params(split)
+  assert sa == sb == 8
+  for k in a:
+    np.testing.assert_allclose(a[k], b[k], atol=5e-5, rtol=1e-4, err_msg=k)
+
+
+def test_corrupt_latest_checkpoint_falls_back(tmp_path, vocab_path, caplog):
+  _run(tmp_path, vocab_path, tc=_tc(num_train_steps=4, checkpoint_every=2))
+  step4 = tmp_path / "checkpoints" / "4" / "params"
+  for f in step4.rglob("*"):
+    if f.is_file() and f.stat().st_size > 0:
+      f.write_bytes(b"\x00garbage")
+  result = _run(tmp_path, vocab_path, tc=_tc(num_train_steps=6, checkpoint_every=2))
+  assert "step 4" in caplog.text and "cannot be restored" in caplog.text
+  assert result.step == 6
+  assert json.loads((tmp_path / "results.json").read_text())["last_step"] == 6
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, vocab_path):
+  tc = _tc(num_train_steps=50, checkpoint_every=1, optimizer=optim.OptimizerConfig(learning_rate=1e38))
+  with pytest.raises(train.NonFiniteLossError, match="Non-finite") as err:
+    _run(tmp_path, vocab_path, tc=tc)
+  good = native.load_params(tmp_path)
+  assert all(np.all(np.isfinite(np.asarray(v))) for v in tree.flatten(good[1]).values())
+  assert f"step {good[2]}" in str(err.value)
+
+
+def test_init_from_pretrained_and_two_stages(tmp_path, vocab_path):
+  # Stage 1 from scratch; stage 2 initialised from stage 1's work dir, keeping its projection
+  # but with a fresh optimizer (step count 0).
+  s1 = tmp_path / "stage1"
+  _run(s1, vocab_path, tc=_tc(num_train_steps=3))
+  _, p1 = _params(s1)
+  s2 = tmp_path / "stage2"
+  setup_seen = {}
+  result = _run(s2, vocab_path, tc=_tc(num_train_steps=2), init_from=str(s1))
+  assert result.summary["init_from"] == str(s1)
+  _, p2 = _params(s2)
+  assert not np.allclose(p1["encoder/layers_0/mlp/wi/kernel"], p2["encoder/layers_0/mlp/wi/kernel"])
+  # A raw T5 checkpoint without projection gets a fresh one; mismatched sizes are refused.
+  wrong = TINY.replace(t5=TINY.t5.replace(mlp_dim=128))
+  with pytest.raises(ValueError, match="mlp_dim: checkpoint 64 vs config 128"):
+    _run(tmp_path / "bad", vocab_path, model=wrong, tc=_tc(num_train_steps=1), init_from=str(s1))
+  del setup_seen
+
+
+GIN = """
+run.model = @st5_model()
+st5_model.size = 't5_tiny'
+st5_model.embedding_dim = 16
+st5_model.dropout_rate = 0.1
+st5_model.vocab_size = 384
+run.train_config = @TrainConfig()
+TrainConfig.num_train_steps = {steps}
+TrainConfig.global_batch_size = 16
+TrainConfig.checkpoint_every = 5
+TrainConfig.log_every = 1
+TrainConfig.eval_every = -1
+run.data = @synthetic_factory()
+run.mesh = @MeshConfig()
+MeshConfig.data = -1
+"""
+
+LAUNCH = textwrap.dedent("""
+  import sys
+  sys.path.insert(0, {tests!r})
+  import gin, synthetic
+  from st5_jax import cli
+  gin.external_configurable(synthetic.factory, "synthetic_factory")
+  sys.exit(cli.main(sys.argv[1:]))
+""")
+
+
+def _train_cmd(tmp_path, workdir, steps, *extra):
+  gin_file = tmp_path / f"run_{steps}.gin"
+  gin_file.write_text(GIN.format(steps=steps))
+  script = tmp_path / "launch.py"
+  script.write_text(LAUNCH.format(tests=str(pathlib.Path(__file__).parent)))
+  return [sys.executable, str(script), "train", "--gin_file", str(gin_file), "--workdir", str(workdir),
+          "--no_progress", *extra]
+
+
+def test_sigterm_saves_and_resume_is_exact(tmp_path, vocab_path):
+  """A real SIGTERM to a training process; rerunning the command ends where an uninterrupted run does."""
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  steps = 200
+  straight = tmp_path / "straight"
+  subprocess.run(_train_cmd(tmp_path, straight, steps), env=env, check=True, capture_output=True, timeout=600)
+
+  wd = tmp_path / "interrupted"
+  proc = subprocess.Popen(_train_cmd(tmp_path, wd, steps), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  metrics = wd / "metrics.jsonl"
+  deadline = time.time() + 300
+  while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 10):
+    assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 143, err.decode()[-3000:]
+  assert b"Rerun the same command to resume" in err
+  stopped_at = native.load_params(wd)[2]
+  assert 10 <= stopped_at < steps  # saved where it stopped, not at a checkpoint_every boundary only
+
+  subprocess.run(_train_cmd(tmp_path, wd, steps), env=env, check=True, capture_output=True, timeout=600)
+  (sa, a), (sb, b) = _params(straight), _params(wd)
+  assert sa == sb == steps
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+  assert (wd / "operative_config.gin").read_text().count("TrainConfig.num_train_steps = 200") == 1
+
+
+def test_gin_overrides_parse():
+  from st5_jax.commands.train import gin_overrides
+  assert gin_overrides(["--gin.TrainConfig.num_train_steps=5", "--gin.run.init_from", "'a b'"]) == [
+      "TrainConfig.num_train_steps=5", "run.init_from='a b'"]
+  with pytest.raises(SystemExit):
+    gin_overrides(["--steps=3"])
