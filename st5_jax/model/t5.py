@@ -107,30 +107,31 @@ class Embed(nn.Module):
     return jnp.einsum("bld,vd->blv", x_BxLxD.astype(jnp.float32), self.embedding)
 
 
-def relative_position_buckets(q_len: int, k_len: int, *, bidirectional: bool, num_buckets: int,
-                              max_distance: int) -> np.ndarray:
-  """Bucket ids [q_len, k_len] of key-minus-query offsets (static shapes, so NumPy).
+def relative_position_buckets(q_len, k_len, *, bidirectional: bool, num_buckets: int,
+                              max_distance: int) -> Array:
+  """Bucket ids [q_len, k_len] of key-minus-query offsets.
 
   Half the buckets are exact offsets, the rest log-spaced up to `max_distance`; in the
   bidirectional case the upper half of the buckets is for keys after the query.
-  Float32 logs, as Mesh TF and Hugging Face compute them.
+  Float32 logs, as Mesh TF and Hugging Face compute them. jnp (not NumPy) so that
+  lengths may be symbolic (shape-polymorphic export); XLA folds it to a constant
+  when they are static.
   """
-  rel_QxK = np.arange(k_len)[None, :] - np.arange(q_len)[:, None]
-  buckets = np.zeros_like(rel_QxK)
+  rel_QxK = jnp.arange(k_len)[None, :] - jnp.arange(q_len)[:, None]
+  buckets = jnp.zeros_like(rel_QxK)
   if bidirectional:
     num_buckets //= 2
-    buckets += (rel_QxK > 0).astype(np.int64) * num_buckets
-    n = np.abs(rel_QxK)
+    buckets += (rel_QxK > 0).astype(jnp.int32) * num_buckets
+    n = jnp.abs(rel_QxK)
   else:
-    n = -np.minimum(rel_QxK, 0)
+    n = -jnp.minimum(rel_QxK, 0)
   max_exact = num_buckets // 2
   is_small = n < max_exact
-  with np.errstate(divide="ignore"):
-    scaled = (np.log(n.astype(np.float32) / np.float32(max_exact)) /
-              np.float32(np.log(max_distance / max_exact)) * np.float32(num_buckets - max_exact))
-  large = max_exact + np.where(is_small, 0, scaled).astype(np.int64)
-  large = np.minimum(large, num_buckets - 1)
-  return (buckets + np.where(is_small, n, large)).astype(np.int32)
+  # max(n, 1) keeps log() finite where the small branch is taken anyway.
+  scaled = (jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / jnp.float32(max_exact)) /
+            jnp.float32(np.log(max_distance / max_exact)) * jnp.float32(num_buckets - max_exact))
+  large = jnp.minimum(max_exact + scaled.astype(jnp.int32), num_buckets - 1)
+  return (buckets + jnp.where(is_small, n, large)).astype(jnp.int32)
 
 
 class RelativePositionBiases(nn.Module):
@@ -149,7 +150,7 @@ class RelativePositionBiases(nn.Module):
     buckets_QxK = relative_position_buckets(q_len, k_len, bidirectional=self.bidirectional,
                                             num_buckets=self.num_buckets,
                                             max_distance=self.max_distance)
-    bias_HxQxK = jnp.take(table_HxR, jnp.asarray(buckets_QxK), axis=1)
+    bias_HxQxK = jnp.take(table_HxR, buckets_QxK, axis=1)
     return bias_HxQxK[None]  # [1, H, Q, K]
 
 
