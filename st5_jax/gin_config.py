@@ -7,10 +7,10 @@ inside the model and loss reads gin.
 from __future__ import annotations
 
 import os
-import pathlib
 from typing import Any
 
 import gin
+from etils import epath
 
 from st5_jax import configs, optim, partitioning, paths, train
 
@@ -60,7 +60,7 @@ def run(*, workdir: str, progress: bool = True, model: configs.ST5Config = gin.R
 
   vocab_file = paths.vocab_path(vocab)
   eval_data_dir = eval_data_dir or os.environ.get(paths.DATA_DIR_ENV)
-  wd = pathlib.Path(workdir)
+  wd = epath.Path(workdir)  # local or gs://
   if jax.process_index() == 0:
     wd.mkdir(parents=True, exist_ok=True)
     (wd / "config.gin").write_text(gin.config_str())

@@ -19,7 +19,9 @@ import logging
 import math
 import os
 import pathlib
+import shutil
 import signal
+import tempfile
 import time
 from typing import Any, Callable, Iterator, Mapping, Protocol
 
@@ -29,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from st5_jax import losses, partitioning
@@ -275,18 +278,39 @@ def _is_lead() -> bool:
 
 
 class _MetricWriter:
-  """metrics.jsonl + TensorBoard (tensorboardX), written by process 0 only."""
+  """metrics.jsonl + TensorBoard (tensorboardX), written by process 0 only.
 
-  def __init__(self, workdir: pathlib.Path):
+  On a remote work dir (gs://, no appends) both are written to a local mirror and
+  copied over at every checkpoint and at the end.
+  """
+
+  def __init__(self, workdir: epath.Path):
     self.enabled = _is_lead()
     self.tb = None
+    self.remote = workdir if "://" in str(workdir) else None
     if self.enabled:
-      self.jsonl = open(workdir / "metrics.jsonl", "a", encoding="utf-8")
+      local = pathlib.Path(tempfile.mkdtemp(prefix="st5_metrics_")) if self.remote else pathlib.Path(workdir)
+      if self.remote and (self.remote / "metrics.jsonl").exists():
+        (local / "metrics.jsonl").write_text((self.remote / "metrics.jsonl").read_text())
+      self.local = local
+      self.jsonl = open(local / "metrics.jsonl", "a", encoding="utf-8")
       try:
         from tensorboardX import SummaryWriter
-        self.tb = SummaryWriter(str(workdir / "tensorboard"))
+        self.tb = SummaryWriter(str(local / "tensorboard"))
       except ImportError:  # pragma: no cover - tensorboardX is a pinned dependency
         log.warning("tensorboardX missing: no TensorBoard summaries")
+
+  def sync(self) -> None:
+    if not (self.enabled and self.remote):
+      return
+    self.jsonl.flush()
+    if self.tb:
+      self.tb.flush()
+    for f in self.local.rglob("*"):
+      if f.is_file():
+        dst = self.remote / f.relative_to(self.local)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(f.read_bytes())
 
   def write(self, step: int, scalars: Mapping[str, float], prefix: str = "train") -> None:
     if not self.enabled:
@@ -300,9 +324,12 @@ class _MetricWriter:
 
   def close(self):
     if self.enabled:
+      self.sync()
       self.jsonl.close()
       if self.tb:
         self.tb.close()
+      if self.remote:
+        shutil.rmtree(self.local, ignore_errors=True)
 
 
 def sts_dev_eval(model_config: ST5Config, params: Any, *, data_dir: str | None, vocab_file: str,
@@ -338,7 +365,7 @@ def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: 
   stop_after_steps: stop (with a checkpoint) after this many steps of this invocation;
     for tests and time-boxed jobs. The schedule still follows num_train_steps.
   """
-  workdir = pathlib.Path(workdir)
+  workdir = epath.Path(workdir)  # local or gs://
   workdir.mkdir(parents=True, exist_ok=True)
   tc = train_config
   if tc.eval_every < 0:
@@ -468,6 +495,7 @@ def _loop(setup: Setup, state: TrainState, iterator: BatchIterator, mngr, writer
         break
       if is_ckpt:
         save_state(mngr, state, meta_for(step))
+        writer.sync()
   if bar:
     bar.close()
   mngr.wait_until_finished()

@@ -18,10 +18,10 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
 from typing import Any
 
 import numpy as np
+from etils import epath
 
 from st5_jax.checkpoints.tree import flatten, unstack_layers
 from st5_jax.configs import ST5Config
@@ -50,17 +50,17 @@ def read_config(path: str | os.PathLike) -> ST5Config:
 
 
 def write_config(directory: str | os.PathLike, config: ST5Config) -> None:
-  d = pathlib.Path(directory)
+  d = epath.Path(directory)  # local or gs://
   d.mkdir(parents=True, exist_ok=True)
   tmp = d / (CONFIG_FILE + ".tmp")
   tmp.write_text(config.to_json())
-  os.replace(tmp, d / CONFIG_FILE)
+  tmp.replace(d / CONFIG_FILE)
 
 
 def copy_vocab(directory: str | os.PathLike, vocab_file: str) -> None:
-  dst = pathlib.Path(directory) / VOCAB_FILE
-  if not dst.exists() and not vocab_file.startswith("gs://"):
-    shutil.copyfile(vocab_file, dst)
+  dst = epath.Path(directory) / VOCAB_FILE
+  if not dst.exists():
+    dst.write_bytes(epath.Path(vocab_file).read_bytes())
 
 
 def vocab_dirs(path: str | os.PathLike) -> list[str]:

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Runs an st5_jax training job described by a gin file, here or on a Cloud TPU VM slice.
+#
+# Local (this machine's backend: CPU, GPU, or a single TPU VM):
+#   launch/tpu_run.sh --gin st5_tiny_cpu.gin [--workdir DIR] [--gin.KEY=VALUE ...]
+#
+# TPU pod slice (every worker runs the same trainer; JAX discovers the other hosts):
+#   launch/tpu_run.sh --gin st5_11b_encdec.gin --tpu NAME --zone ZONE \
+#       [--project PROJECT] [--accelerator v4-256] [--version tpu-ubuntu2204-base] \
+#       [--create] [--spot] [--workdir gs://BUCKET/DIR] [--dry-run] [--gin.KEY=VALUE ...]
+#
+# --gin NAME is looked up as a path, then in gin/. Each --gin.KEY=VALUE (or
+# --gin.KEY VALUE) is passed to `st5 train` unchanged: on the TPU workers every
+# argument is quoted with printf %q, so values with spaces or quotes arrive intact
+# and nothing in them is evaluated by a shell. --dry-run prints the exact commands.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+GIN="" WORKDIR="" TPU="" ZONE="" PROJECT="" ACCEL="" VERSION="tpu-ubuntu2204-base"
+CREATE=0 SPOT=0 DRY=0
+OVERRIDES=()
+
+usage() { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+need() { [ "$#" -ge 2 ] && [ -n "$2" ] || { echo "tpu_run.sh: $1 needs a value" >&2; exit 2; }; }
+
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    --gin) need "$@"; GIN="$2"; shift 2 ;;
+    --gin=*) GIN="${1#--gin=}"; shift ;;
+    --workdir) need "$@"; WORKDIR="$2"; shift 2 ;;
+    --tpu) need "$@"; TPU="$2"; shift 2 ;;
+    --zone) need "$@"; ZONE="$2"; shift 2 ;;
+    --project) need "$@"; PROJECT="$2"; shift 2 ;;
+    --accelerator) need "$@"; ACCEL="$2"; shift 2 ;;
+    --version) need "$@"; VERSION="$2"; shift 2 ;;
+    --create) CREATE=1; shift ;;
+    --spot) SPOT=1; shift ;;
+    --dry-run) DRY=1; shift ;;
+    --gin.*=*) OVERRIDES+=("$1"); shift ;;
+    --gin.*) need "$@"; OVERRIDES+=("$1=$2"); shift 2 ;;
+    -h|--help) usage 0 ;;
+    *) echo "tpu_run.sh: unknown argument: $1" >&2; usage 2 ;;
+  esac
+done
+[ -n "$GIN" ] || { echo "tpu_run.sh: --gin NAME.gin is required" >&2; usage 2; }
+
+if [ -f "$GIN" ]; then
+  GIN_PATH="$(cd "$(dirname "$GIN")" && pwd)/$(basename "$GIN")"
+elif [ -f "$ROOT/gin/$GIN" ]; then
+  GIN_PATH="$ROOT/gin/$GIN"
+else
+  echo "tpu_run.sh: gin file '$GIN' not found (as a path or in $ROOT/gin/)" >&2; exit 2
+fi
+RUN_NAME="$(basename "$GIN_PATH" .gin)"
+
+# Prints one command line, each argument shell-quoted (copy-pastable, nothing expanded).
+show() { local out="" a; for a in "$@"; do out+="$(printf '%q' "$a") "; done; echo "${out% }"; }
+# Runs a command, or prints it with --dry-run.
+run() { if [ "$DRY" = 1 ]; then show "$@"; else "$@"; fi; }
+
+if [ -z "$TPU" ]; then
+  # ---------------------------------------------------------------- local run
+  WORKDIR="${WORKDIR:-$ROOT/workdirs/$RUN_NAME}"
+  CMD=(st5 train --gin_file "$GIN_PATH" --workdir "$WORKDIR" "${OVERRIDES[@]}")
+  if [ "$DRY" = 1 ]; then show "${CMD[@]}"; exit 0; fi
+  # shellcheck disable=SC1091
+  source "$ROOT/launch/setup_env.sh"
+  echo "[tpu_run] $(show "${CMD[@]}")" >&2
+  exec "${CMD[@]}"
+fi
+
+# ------------------------------------------------------------------ TPU slice
+[ -n "$ZONE" ] || { echo "tpu_run.sh: --tpu needs --zone" >&2; exit 2; }
+[ -n "$WORKDIR" ] || { echo "tpu_run.sh: on a TPU slice --workdir must be shared by all hosts (gs://BUCKET/DIR)" >&2; exit 2; }
+case "$WORKDIR" in gs://*) ;; *) echo "tpu_run.sh: warning: --workdir $WORKDIR is not on GCS; every host must see the same directory" >&2 ;; esac
+GCLOUD=(gcloud compute tpus tpu-vm)
+WHERE=(--zone "$ZONE")
+[ -n "$PROJECT" ] && WHERE+=(--project "$PROJECT")
+REMOTE_DIR="st5_jax"
+
+if [ "$CREATE" = 1 ]; then
+  [ -n "$ACCEL" ] || { echo "tpu_run.sh: --create needs --accelerator (e.g. v4-64)" >&2; exit 2; }
+  if [ "$DRY" = 1 ] || ! "${GCLOUD[@]}" describe "$TPU" "${WHERE[@]}" >/dev/null 2>&1; then
+    CREATE_CMD=("${GCLOUD[@]}" create "$TPU" "${WHERE[@]}" --accelerator-type "$ACCEL" --version "$VERSION")
+    [ "$SPOT" = 1 ] && CREATE_CMD+=(--spot)
+    run "${CREATE_CMD[@]}"
+  else
+    echo "[tpu_run] reusing existing TPU VM $TPU" >&2
+  fi
+fi
+
+# Ship the committed tree; a gin file from outside it travels beside it.
+TARBALL="${TMPDIR:-/tmp}/st5_jax-$(git -C "$ROOT" rev-parse --short HEAD).tar.gz"
+run git -C "$ROOT" archive --format=tar.gz -o "$TARBALL" HEAD
+SHIP=("$TARBALL")
+case "$GIN_PATH" in
+  "$ROOT"/*) REMOTE_GIN="${GIN_PATH#"$ROOT"/}" ;;
+  *) SHIP+=("$GIN_PATH"); REMOTE_GIN="../$(basename "$GIN_PATH")" ;;
+esac
+run "${GCLOUD[@]}" scp "${SHIP[@]}" "$TPU:~/" "${WHERE[@]}" --worker=all
+
+# Everything after `--command` is one string for the remote shell: build it from
+# %q-quoted words only.
+REMOTE_SETUP="$(show mkdir -p "$REMOTE_DIR") && $(show tar -xzf "$(basename "$TARBALL")" -C "$REMOTE_DIR") && cd $(show "$REMOTE_DIR") && ST5_EXTRAS=tpu bash launch/setup_env.sh"
+run "${GCLOUD[@]}" ssh "$TPU" "${WHERE[@]}" --worker=all --command "$REMOTE_SETUP"
+
+TRAIN=(.venv/bin/st5 train --gin_file "$REMOTE_GIN" --workdir "$WORKDIR" --no_progress "${OVERRIDES[@]}")
+REMOTE_TRAIN="cd $(show "$REMOTE_DIR") && ST5_MULTIHOST=1 $(show "${TRAIN[@]}")"
+# All workers run the trainer; their logs stream here until the job ends.
+run "${GCLOUD[@]}" ssh "$TPU" "${WHERE[@]}" --worker=all --command "$REMOTE_TRAIN"
