@@ -1,0 +1,87 @@
+"""`st5 eval --model PATH[,PATH...] --tasks sts,transfer,sentglue,geometry --output results.json`.
+
+Writes results.json, results.md (side-by-side table) and results_tasks.png /
+results_align_uniform.png. `--compare old.json` adds models from earlier results files
+to the table and plots without re-running them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+  p = sub.add_parser("eval", help="Evaluate encoders on STS, SentEval transfer, SentGLUE and geometry.")
+  p.add_argument("--model", default="", help="Model path(s), comma-separated: any format `st5 encode` loads.")
+  p.add_argument("--name", default="", help="Display names for --model, comma-separated (default: folder names).")
+  p.add_argument("--tasks", default="sts,transfer,sentglue,geometry",
+                 help="Comma-separated tasks or suites: sts, transfer, sentglue, geometry, all, dev, or task names.")
+  p.add_argument("--data_dir", default=None,
+                 help="Public data folder (layout of ../shared/data; default $ST5_DATA_DIR).")
+  p.add_argument("--output", required=True, help="Results JSON; the .md and .png files are written beside it.")
+  p.add_argument("--compare", default="", help="Earlier results JSON files to show alongside, comma-separated.")
+  p.add_argument("--batch_size", type=int, default=64)
+  p.add_argument("--max_length", type=int, default=None, help="Token limit (EOS included); default: the model's.")
+  p.add_argument("--pooling", choices=["enc_first", "enc_mean", "encdec_first"], default=None)
+  p.add_argument("--vocab", default=None,
+                 help="SentencePiece model (default: model folder, $ST5_VOCAB, $ST5_DATA_DIR).")
+  p.add_argument("--kfold", type=int, default=10, help="Folds of SentEval's cross-validations (SentEval: 10).")
+  p.set_defaults(run=run)
+
+
+def _split(value: str) -> list[str]:
+  return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _display_names(paths: list[str], names: list[str]) -> list[str]:
+  if names and len(names) != len(paths):
+    raise SystemExit(f"--name has {len(names)} entries for {len(paths)} models")
+  out = []
+  for i, p in enumerate(paths):
+    name = names[i] if names else (pathlib.Path(p.rstrip("/")).name or p)
+    base, n = name, 2
+    while name in out:
+      name, n = f"{base}#{n}", n + 1
+    out.append(name)
+  return out
+
+
+def load_encoder(path: str, args: argparse.Namespace):
+  """`encode(list[str]) -> [N, D]` for a model path (SentenceEncoder is imported only here)."""
+  from st5_jax.encoder import SentenceEncoder
+
+  kwargs = {k: getattr(args, k) for k in ("pooling", "vocab", "max_length") if getattr(args, k) is not None}
+  enc = SentenceEncoder.load(path, **kwargs)
+  return lambda texts: enc.encode(texts, batch_size=args.batch_size)
+
+
+def run(args: argparse.Namespace) -> int:
+  import logging
+  import sys
+
+  from st5_jax import paths
+  from st5_jax.evaluation import evaluate, report, resolve_tasks
+
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+  model_paths = _split(args.model)
+  compare = _split(args.compare)
+  if not model_paths and not compare:
+    raise SystemExit("give --model and/or --compare")
+  tasks = resolve_tasks(args.tasks)  # fails before any model loads on a typo.
+  data_dir = paths.data_dir(args.data_dir) if model_paths else None
+
+  models = {}
+  for name, path in zip(_display_names(model_paths, _split(args.name)), model_paths):
+    result = evaluate(load_encoder(path, args), tasks, data_dir, kfold=args.kfold)
+    result["source"] = path
+    models[name] = result
+  for path in compare:
+    for name, result in report.load_results(path).items():
+      models[name if name not in models else f"{name} ({path})"] = result
+
+  written = report.write_all(models, args.output, extra={"command": " ".join(sys.argv)})
+  print(report.markdown(models))
+  for kind, path in written.items():
+    print(f"wrote {kind}: {path}", file=sys.stderr)
+  return 0
