@@ -6,6 +6,7 @@ inside the model and loss reads gin.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -45,29 +46,49 @@ def register() -> None:
   _REGISTERED = True
 
 
-@gin.configurable("run", denylist=["workdir", "progress"])
-def run(*, workdir: str, progress: bool = True, model: configs.ST5Config = gin.REQUIRED,
-        train_config: train.TrainConfig = gin.REQUIRED, data: Any = gin.REQUIRED,
-        mesh: partitioning.MeshConfig = partitioning.MeshConfig(), init_from: str | None = None,
-        init_projection: str = "auto", vocab: str | None = None, eval_data_dir: str | None = None,
-        rules: Any = partitioning.DEFAULT_RULES, target: dict[str, Any] | None = None) -> train.TrainResult:
-  """The training entry point that gin files bind (`run.model = @st5_model()`, ...).
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  """Everything a gin file says about a run (what `run.*` binds)."""
 
-  target: what the run is sized for (e.g. {"slice": "v4-256", "topology": "v4:4x4x8"});
-    informational here, used by `st5 aot` and launch/tpu_run.sh.
-  """
+  model: configs.ST5Config
+  train_config: train.TrainConfig
+  data: Any
+  mesh: partitioning.MeshConfig
+  init_from: str | None
+  init_projection: str
+  vocab: str | None
+  eval_data_dir: str | None
+  rules: Any
+  # What the run is sized for, e.g. {"slice": "v4-256", "topology": "v4:4x4x8",
+  # "chip_hbm_gib": 32}; read by `st5 aot` and the docs, not by the trainer.
+  target: dict[str, Any] | None
+
+
+@gin.configurable("run")
+def run_spec(*, model: configs.ST5Config = gin.REQUIRED, train_config: train.TrainConfig = gin.REQUIRED,
+             data: Any = gin.REQUIRED, mesh: partitioning.MeshConfig = partitioning.MeshConfig(),
+             init_from: str | None = None, init_projection: str = "auto", vocab: str | None = None,
+             eval_data_dir: str | None = None, rules: Any = partitioning.DEFAULT_RULES,
+             target: dict[str, Any] | None = None) -> RunSpec:
+  """The run's configuration, as bound by gin (`run.model = @st5_model()`, ...)."""
+  return RunSpec(model=model, train_config=train_config, data=data, mesh=mesh, init_from=init_from,
+                 init_projection=init_projection, vocab=vocab, eval_data_dir=eval_data_dir, rules=rules,
+                 target=target)
+
+
+def train_from_gin(*, workdir: str, progress: bool = True) -> train.TrainResult:
+  """Trains with the parsed gin config; writes config.gin and operative_config.gin to the work dir."""
   import jax
 
-  vocab_file = paths.vocab_path(vocab)
-  eval_data_dir = eval_data_dir or os.environ.get(paths.DATA_DIR_ENV)
+  spec = run_spec()
+  vocab_file = paths.vocab_path(spec.vocab)
+  eval_data_dir = spec.eval_data_dir or os.environ.get(paths.DATA_DIR_ENV)
   wd = epath.Path(workdir)  # local or gs://
   if jax.process_index() == 0:
     wd.mkdir(parents=True, exist_ok=True)
     (wd / "config.gin").write_text(gin.config_str())
-  result = train.train(workdir=wd, model_config=model, train_config=train_config, make_iterator=data,
-                       mesh_config=mesh, init_from=init_from, init_projection=init_projection,
-                       vocab_file=vocab_file, eval_data_dir=eval_data_dir, rules=rules, progress=progress,
-                       run_info={"target": target} if target else None)
-  if jax.process_index() == 0:
     (wd / "operative_config.gin").write_text(gin.operative_config_str())
-  return result
+  return train.train(workdir=wd, model_config=spec.model, train_config=spec.train_config,
+                     make_iterator=spec.data, mesh_config=spec.mesh, init_from=spec.init_from,
+                     init_projection=spec.init_projection, vocab_file=vocab_file, eval_data_dir=eval_data_dir,
+                     rules=spec.rules, progress=progress, run_info={"target": spec.target} if spec.target else None)

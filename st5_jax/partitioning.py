@@ -79,10 +79,11 @@ def make_mesh(config: MeshConfig = MeshConfig(), devices: Sequence[jax.Device] |
   # Auto axes: shardings are propagated by XLA from the explicit in/out shardings and
   # the logical constraints (not JAX's sharding-in-types "explicit" mode).
   auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
-  if devices == list(jax.devices()) and jax.device_count() > 1:
-    try:  # topology-aware device order on TPU/GPU slices
-      return jax.make_mesh(shape, MESH_AXES, devices=devices, axis_types=auto)
-    except Exception:  # noqa: BLE001  (fall back to the plain order, e.g. odd CPU counts)
+  if len(devices) > 1 and devices[0].platform != "cpu":
+    try:  # topology-aware device order on TPU/GPU slices (also compile-only AOT devices)
+      from jax.experimental import mesh_utils
+      return Mesh(mesh_utils.create_device_mesh(shape, devices=devices), MESH_AXES, axis_types=auto)
+    except Exception:  # noqa: BLE001  (fall back to the plain order)
       pass
   return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=auto)
 

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
   multihost.maybe_initialize()
   parse_gin(args.gin_file, gin_overrides(args.extra), args.gin_search_path)
-  result = gin_config.run(workdir=args.workdir, progress=not args.no_progress)
+  result = gin_config.train_from_gin(workdir=args.workdir, progress=not args.no_progress)
   if result.interrupted_by:
     print(f"Interrupted by {result.interrupted_by} at step {result.step}; a checkpoint was saved. "
           f"Rerun the same command to resume.", file=sys.stderr)
