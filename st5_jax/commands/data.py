@@ -1,0 +1,126 @@
+"""`st5 data ...`: prepare datasets, list what is known, build NLI triples from raw files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def register(subparsers) -> None:
+  parser = subparsers.add_parser("data", help="Prepare and inspect training/evaluation data.",
+                                 description="Prepare and inspect the data the seqio tasks read.")
+  sub = parser.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
+
+  p = sub.add_parser("prepare", help="Get every known dataset (local copy or download) and write what tasks read.",
+                     description="Copy datasets from a local folder laid out like ../shared/data (--source, or "
+                                 "$ST5_DATA_DIR) or download them from their canonical URLs (or --base-url), verify "
+                                 "sha256, and write OUT/prepared/<task>/<split>.jsonl. Safe to rerun.")
+  p.add_argument("--source", help="local folder laid out like ../shared/data (default: $ST5_DATA_DIR)")
+  p.add_argument("--out", help="output data folder (default: $ST5_DATA_DIR); use it as ST5_DATA_DIR afterwards")
+  p.add_argument("--base-url", help="download from this mirror (laid out like ../shared/data) instead of the "
+                                    "canonical URLs")
+  p.add_argument("--datasets", help="comma-separated dataset names (default: all core datasets, plus optional "
+                                    "ones found locally); see `st5 data list`")
+  p.add_argument("--offline", action="store_true", help="never download; only copy from --source")
+  p.add_argument("--trust-unverified", action="store_true",
+                 help="download files whose sha256 is not known here and record the checksum that arrives")
+  p.add_argument("--strict", action="store_true", help="stop at the first bad row instead of skipping it")
+  p.add_argument("--no-progress", action="store_true", help="no progress bars")
+  p.add_argument("--timeout", type=float, default=60.0, help="seconds per download request")
+  p.set_defaults(run=run)
+
+  p = sub.add_parser("list", help="List known datasets and registered st5 tasks.")
+  p.add_argument("--json", action="store_true", help="machine-readable output")
+  p.set_defaults(run=run)
+
+  p = sub.add_parser("nli-triples", help="Build SimCSE-format triples (sent0,sent1,hard_neg) from raw NLI files.",
+                     description="Reads SNLI/MultiNLI *.jsonl, SentEval SNLI s1.<split> files or SICK_*.txt and "
+                                 "writes premise,entailment,contradiction triples as SimCSE's nli_for_simcse.csv.")
+  p.add_argument("--input", action="append", required=True, help="raw NLI file (repeatable)")
+  p.add_argument("--out", required=True, help="output CSV (e.g. DATA_DIR/nli/nli_for_simcse.csv)")
+  p.add_argument("--mode", choices=("per_entailment", "per_premise"), default="per_entailment",
+                 help="per_entailment: one triple per entailment (reproduces nli/snli_devtest_triples_derived.csv); "
+                      "per_premise: one per premise (about SimCSE's 275K on SNLI+MNLI train)")
+  p.add_argument("--strict", action="store_true", help="stop at the first bad row")
+  p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+  command = args.data_command
+  if command == "prepare":
+    return _prepare(args)
+  if command == "list":
+    return _list(args)
+  if command == "nli-triples":
+    return _nli_triples(args)
+  raise ValueError(command)
+
+
+def _prepare(args) -> int:
+  from st5_jax.data import prepare as prepare_lib  # pylint: disable=g-import-not-at-top
+  env_dir = os.environ.get("ST5_DATA_DIR")
+  out = args.out or env_dir
+  if not out:
+    print("error: pass --out DIR (or set ST5_DATA_DIR) for the prepared data folder.", file=sys.stderr)
+    return 2
+  source = args.source or (env_dir if env_dir and os.path.abspath(env_dir) != os.path.abspath(out) else None)
+  if source and not os.path.isdir(source):
+    print(f"error: --source {source} is not a folder.", file=sys.stderr)
+    return 2
+  datasets = [d.strip() for d in args.datasets.split(",") if d.strip()] if args.datasets else None
+  try:
+    report = prepare_lib.prepare(out_dir=out, source_dir=source, base_url=args.base_url, datasets=datasets,
+                                 offline=args.offline, trust_unverified=args.trust_unverified, strict=args.strict,
+                                 progress=not args.no_progress, timeout=args.timeout)
+  except prepare_lib.PrepareError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(report.summary())
+  if not report.ok:
+    print(f"\n{len(report.errors)} problem(s); see above.", file=sys.stderr)
+    return 1
+  print(f"\nDone. Use it with: export ST5_DATA_DIR={report.out_dir}")
+  return 0
+
+
+def _list(args) -> int:
+  from st5_jax.data import catalog  # pylint: disable=g-import-not-at-top
+  from st5_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  tasks = pipeline.import_tasks()
+  import seqio  # pylint: disable=g-import-not-at-top
+  datasets = [{"name": d.name, "files": len(d.files), "optional": d.optional, "local_only": d.local_only,
+               "description": d.description, "note": d.note} for d in catalog.DATASETS.values()]
+  task_rows = [{"name": n, "splits": list(seqio.get_mixture_or_task(n).splits),
+                "features": list(seqio.get_mixture_or_task(n).output_features)}
+               for n in tasks.ALL_TASKS + (tasks.STAGE1_PUBLIC_QA_MIXTURE,)]
+  if args.json:
+    print(json.dumps({"datasets": datasets, "tasks": task_rows}, indent=1))
+    return 0
+  print("Datasets:")
+  for d in datasets:
+    flags = ", ".join(f for f, on in (("optional", d["optional"]), ("local-only", d["local_only"])) if on)
+    print(f"  {d['name']:26} {d['files']:>4} files  {d['description']}" + (f" [{flags}]" if flags else ""))
+  print("Tasks and mixtures:")
+  for t in task_rows:
+    print(f"  {t['name']:32} splits={','.join(t['splits'])}  features={','.join(t['features'])}")
+  return 0
+
+
+def _nli_triples(args) -> int:
+  from st5_jax.data import builders  # pylint: disable=g-import-not-at-top
+  from st5_jax.data.rows import BadRowError, InputFileError, RowStats  # pylint: disable=g-import-not-at-top
+  stats = RowStats()
+  try:
+    triples = builders.build_nli_triples(args.input, stats=stats, strict=args.strict, mode=args.mode)
+  except (BadRowError, InputFileError, ValueError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  n = builders.write_simcse_csv(triples, args.out)
+  s = stats.as_dict()
+  print(f"wrote {n} triples to {args.out}; rows read {s['rows_read']}, skipped {s['rows_skipped']}, "
+        f"filtered {s['rows_filtered']} {s['filtered_by_reason']}")
+  for bad in s["first_skipped"]:
+    print(f"  skipped {bad}")
+  return 0

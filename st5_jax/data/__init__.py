@@ -1,0 +1,39 @@
+"""Sentence-T5 input pipeline: seqio tasks, dataset preparation, sharded batches for the mesh.
+
+    from st5_jax.data import make_train_iterator
+    import tasks  # registers the st5_* seqio tasks and mixtures
+
+Submodules: rows (file readers, bad-row accounting), builders (public datasets),
+sources/registry (seqio tasks), feature_converters, pipeline (batches, state),
+catalog/download/prepare (`st5 data prepare`). Attributes below are imported lazily so
+that `import st5_jax.data.rows` does not pull in JAX or TensorFlow.
+"""
+
+_EXPORTS = {
+    "make_train_iterator": "st5_jax.data.pipeline",
+    "make_local_iterator": "st5_jax.data.pipeline",
+    "BatchIterator": "st5_jax.data.pipeline",
+    "DataConfigError": "st5_jax.data.pipeline",
+    "train_input": "st5_jax.data.pipeline",
+    "import_tasks": "st5_jax.data.pipeline",
+    "register_user_task": "st5_jax.data.registry",
+    "register_mixture": "st5_jax.data.registry",
+    "DualEncoderFeatureConverter": "st5_jax.data.feature_converters",
+    "T5Vocabulary": "st5_jax.data.vocabulary",
+    "get_vocabulary": "st5_jax.data.vocabulary",
+    "BadRowError": "st5_jax.data.rows",
+    "InputFileError": "st5_jax.data.rows",
+    "RowStats": "st5_jax.data.rows",
+}
+
+
+def __getattr__(name):
+  if name in _EXPORTS:
+    import importlib  # pylint: disable=g-import-not-at-top
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+  raise AttributeError(name)
+
+
+__all__ = sorted(_EXPORTS)

@@ -1,0 +1,262 @@
+"""`st5 data prepare`: get every known dataset and write what the tasks read.
+
+Output layout (OUT):
+  OUT/<raw files, laid out like ../shared/data>     copied or downloaded, sha256-verified
+  OUT/prepared/<task>/<split>.jsonl                 one example per line: inputs, targets,
+                                                    [negative_targets], source (file:line)
+  OUT/prepared/MANIFEST.json                        checksums, row counts, skipped rows
+
+Running it again only redoes what changed: files already present with the right
+checksum are kept, and a task split is rebuilt only when the checksums of its input
+files (or the prepared format) changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import sys
+from typing import Sequence
+
+from st5_jax.data import builders as builders_lib
+from st5_jax.data import catalog
+from st5_jax.data import download as download_lib
+from st5_jax.data import sources as sources_lib
+from st5_jax.data.rows import BadRowError, InputFileError
+
+MANIFEST = "MANIFEST.json"
+
+
+class PrepareError(RuntimeError):
+  """Some datasets or tasks could not be prepared; the message lists each problem."""
+
+
+@dataclasses.dataclass
+class DatasetReport:
+  name: str
+  files: list = dataclasses.field(default_factory=list)
+  errors: list = dataclasses.field(default_factory=list)
+  lines: int = 0
+
+  def counts(self) -> dict[str, int]:
+    out = {}
+    for f in self.files:
+      out[f.status] = out.get(f.status, 0) + 1
+    return out
+
+
+@dataclasses.dataclass
+class TaskReport:
+  task: str
+  split: str
+  status: str  # built | up to date | error
+  path: str = ""
+  stats: dict = dataclasses.field(default_factory=dict)
+  written: int = 0
+  error: str = ""
+
+
+@dataclasses.dataclass
+class PrepareReport:
+  out_dir: str
+  datasets: list
+  tasks: list
+
+  @property
+  def errors(self) -> list[str]:
+    out = [e for d in self.datasets for e in d.errors]
+    out += [f"{t.task} ({t.split}): {t.error}" for t in self.tasks if t.status == "error"]
+    return out
+
+  @property
+  def ok(self) -> bool:
+    return not self.errors
+
+  def summary(self) -> str:
+    lines = [f"Data folder: {self.out_dir}", "",
+             f"{'dataset':26} {'files':>5}  {'present':>7} {'copied':>6} {'downloaded':>10}  {'lines':>9}  status"]
+    for d in self.datasets:
+      c = d.counts()
+      status = "ok" if not d.errors else f"{len(d.errors)} file(s) missing"
+      lines.append(f"{d.name:26} {len(d.files) + len(d.errors):>5}  {c.get('present', 0):>7} {c.get('copied', 0):>6} "
+                   f"{c.get('downloaded', 0):>10}  {d.lines:>9}  {status}")
+    lines += ["", f"{'prepared task (split)':46} {'rows read':>9} {'written':>8} {'skipped':>8} {'filtered':>8}  status"]
+    for t in self.tasks:
+      s = t.stats
+      lines.append(f"{t.task + ' (' + t.split + ')':46} {s.get('rows_read', 0):>9} {t.written:>8} "
+                   f"{s.get('rows_skipped', 0):>8} {s.get('rows_filtered', 0):>8}  {t.status}")
+      for bad in s.get("first_skipped", [])[:3]:
+        lines.append(f"    skipped {bad}")
+    if self.errors:
+      lines += ["", "Problems:"] + [f"  {e}" for e in self.errors]
+    return "\n".join(lines)
+
+
+def _count_lines(path: str) -> int:
+  n = 0
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      n += block.count(b"\n")
+  return n
+
+
+def _load_manifest(prepared: str) -> dict:
+  path = os.path.join(prepared, MANIFEST)
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      manifest = json.load(f)
+    if manifest.get("format_version") == sources_lib.PREPARED_FORMAT_VERSION:
+      return manifest
+  return {"format_version": sources_lib.PREPARED_FORMAT_VERSION, "datasets": {}, "tasks": {}}
+
+
+def _write_json_atomic(path: str, obj) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=1, sort_keys=True)
+    f.write("\n")
+  os.replace(tmp, path)
+
+
+def _select(datasets: Sequence[str] | None, out_dir: str, source_dir: str | None) -> list[str]:
+  if datasets:
+    unknown = [d for d in datasets if d not in catalog.DATASETS]
+    if unknown:
+      raise PrepareError(f"Unknown dataset(s) {unknown}; known: {sorted(catalog.DATASETS)}.")
+    return list(datasets)
+  names = list(catalog.CORE_DATASETS)
+  for name, d in catalog.DATASETS.items():  # extras are taken when a copy is at hand
+    if d.optional and all(any(os.path.exists(os.path.join(root, f.relpath)) for root in (out_dir, source_dir) if root)
+                          for f in d.files):
+      names.append(name)
+  return names
+
+
+def _progress_factory(enabled: bool):
+  if not enabled:
+    return lambda name: None
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+
+  def factory(name):
+    bar = {}
+
+    def update(received, total):
+      if "bar" not in bar:
+        bar["bar"] = tqdm(total=total, unit="B", unit_scale=True, desc=f"download {name}", leave=False,
+                          file=sys.stderr)
+      b = bar["bar"]
+      b.update(received - b.n)
+      if total is not None and received >= total:
+        b.close()
+    return update
+  return factory
+
+
+def prepare(*, out_dir: str, source_dir: str | None = None, base_url: str | None = None,
+            datasets: Sequence[str] | None = None, offline: bool = False, trust_unverified: bool = False,
+            strict: bool = False, progress: bool = True, timeout: float = 60.0) -> PrepareReport:
+  """Fetches datasets into `out_dir` and writes the prepared task files; see the module doc."""
+  out_dir = os.path.abspath(os.path.expanduser(str(out_dir)))
+  os.makedirs(out_dir, exist_ok=True)
+  if not os.access(out_dir, os.W_OK):
+    raise PrepareError(f"Output folder {out_dir} is not writable; pass --out to a writable folder.")
+  names = _select(datasets, out_dir, source_dir)
+  prepared = os.path.join(out_dir, "prepared")
+  os.makedirs(prepared, exist_ok=True)
+  manifest = _load_manifest(prepared)
+
+  fetcher = download_lib.Fetcher(out_dir=out_dir, source_dir=source_dir, base_url=base_url, offline=offline,
+                                 trust_unverified=trust_unverified, timeout=timeout,
+                                 progress_factory=_progress_factory(progress))
+  reports = []
+  all_files = [(name, f) for name in names for f in catalog.DATASETS[name].files]
+  bar = None
+  if progress:
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    bar = tqdm(total=len(all_files), desc="files", unit="file", file=sys.stderr)
+  try:
+    for name in names:
+      report = DatasetReport(name)
+      for f in catalog.DATASETS[name].files:
+        try:
+          result = fetcher.fetch(f)
+          report.files.append(result)
+          if not f.relpath.endswith(".model"):
+            report.lines += _count_lines(os.path.join(out_dir, f.relpath))
+        except download_lib.FetchError as e:
+          report.errors.append(str(e))
+        if bar is not None:
+          bar.update(1)
+      if not report.errors:
+        manifest["datasets"][name] = {r.relpath: {"sha256": r.sha256, "verified": r.verified} for r in report.files}
+      reports.append(report)
+  finally:
+    fetcher.close()
+    if bar is not None:
+      bar.close()
+
+  ready = {r.name for r in reports if not r.errors}
+  ready |= {n for n in catalog.DATASETS if n in manifest["datasets"] and n not in names and all(
+      os.path.exists(os.path.join(out_dir, p)) for p in manifest["datasets"][n])}
+  task_reports = _build_tasks(out_dir, prepared, manifest, ready, strict=strict, progress=progress)
+  manifest["updated"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+  _write_json_atomic(os.path.join(prepared, MANIFEST), manifest)
+  return PrepareReport(out_dir, reports, task_reports)
+
+
+def _fingerprint(manifest: dict, dataset_names: Sequence[str]) -> str:
+  inputs = {n: manifest["datasets"].get(n, {}) for n in dataset_names}
+  blob = json.dumps({"format": sources_lib.PREPARED_FORMAT_VERSION, "builders": builders_lib.BUILDERS_VERSION,
+                     "inputs": inputs}, sort_keys=True)
+  return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _build_tasks(out_dir: str, prepared: str, manifest: dict, ready: set[str], *, strict: bool,
+                 progress: bool) -> list[TaskReport]:
+  import seqio  # pylint: disable=g-import-not-at-top
+  from st5_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+  pipeline.import_tasks()
+  jobs = []
+  for task_name, needed in catalog.TASK_DATASETS.items():
+    if not set(needed) <= ready:
+      continue
+    source = seqio.get_mixture_or_task(task_name).source
+    jobs += [(task_name, split, source, needed) for split in source.splits]
+  if progress and jobs:
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    jobs_iter = tqdm(jobs, desc="prepare tasks", unit="split", file=sys.stderr)
+  else:
+    jobs_iter = jobs
+  reports = []
+  for task_name, split, source, needed in jobs_iter:
+    rel = os.path.join("prepared", task_name, f"{split}.jsonl")
+    path = os.path.join(out_dir, rel)
+    fingerprint = _fingerprint(manifest, needed)
+    entry = manifest["tasks"].get(task_name, {}).get(split)
+    if entry and entry.get("fingerprint") == fingerprint and os.path.exists(path):
+      reports.append(TaskReport(task_name, split, "up to date", rel, entry.get("stats", {}), entry.get("examples", 0)))
+      continue
+    try:
+      built = source.build(split, data_dir=out_dir, strict=strict)
+    except (BadRowError, InputFileError, ValueError) as e:
+      reports.append(TaskReport(task_name, split, "error", rel, error=str(e)))
+      continue
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    prefix = out_dir.rstrip("/") + "/"
+    with open(tmp, "w", encoding="utf-8") as f:
+      for ex in built.examples:
+        row = {k: ex[k] for k in source.features}
+        row["source"] = ex.get("source", "").replace(prefix, "")
+        f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    stats = built.stats.as_dict()
+    stats["first_skipped"] = [s.replace(prefix, "") for s in stats["first_skipped"]]
+    manifest["tasks"].setdefault(task_name, {})[split] = {
+        "path": rel, "examples": len(built.examples), "fingerprint": fingerprint, "stats": stats,
+        "inputs": sorted(built.inputs)}
+    reports.append(TaskReport(task_name, split, "built", rel, stats, len(built.examples)))
+  return reports

@@ -1,0 +1,255 @@
+"""seqio DataSources over the public builders and over users' files.
+
+Beyond the seqio API, a source's `open(split)` resolves its configuration (data
+folder, gin bindings, environment, strictness) in the calling thread and returns a
+`SplitReader`: a deterministic Python iterator of text examples per shard that the
+training pipeline shuffles, skips and tokenises itself (pipeline.py), and that
+seqio's `get_dataset` wraps for t5x-style use. SplitReaders run inside tf.data
+threads, so they take no locks, call no gin configurables and do not log: a
+garbage-collected tf.data iterator can otherwise deadlock against such a lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import seqio
+import tensorflow as tf
+
+from st5_jax.data import builders as builders_lib
+from st5_jax.data import config
+from st5_jax.data.rows import InputFileError, RowFormat, RowReader, RowStats
+
+PREPARED_FORMAT_VERSION = 1
+_CHUNK = 512
+
+
+def chunked(examples: Iterator[Mapping[str, str]], features: Sequence[str], size: int = _CHUNK):
+  """Groups examples into column-wise chunks {feature: [str, ...]} (cheap tf.data hand-off)."""
+  chunk = {f: [] for f in features}
+  n = 0
+  for ex in examples:
+    for f in features:
+      chunk[f].append(ex[f])
+    n += 1
+    if n == size:
+      yield chunk
+      chunk = {f: [] for f in features}
+      n = 0
+  if n:
+    yield chunk
+
+
+def _exists(path: str) -> bool:
+  return tf.io.gfile.exists(path) if "://" in path else os.path.exists(path)
+
+
+class SplitReader:
+  """Examples of one split, resolved and ready to read from any thread."""
+
+  def __init__(self, *, features: Sequence[str], description: str, build_stats: dict | None = None):
+    self.features = tuple(features)
+    self.description = description
+    self.build_stats = build_stats or {}
+
+  def iter_examples(self, *, shard_index: int = 0, num_shards: int = 1, file_order_seed: int | None = None,
+                    stats: RowStats | None = None) -> Iterator[dict[str, str]]:
+    raise NotImplementedError
+
+  def count(self, *, shard_index: int = 0, num_shards: int = 1, stats: RowStats | None = None,
+            limit: int | None = None) -> int:
+    """Examples in a shard (stops early once past `limit`)."""
+    n = 0
+    for _ in self.iter_examples(shard_index=shard_index, num_shards=num_shards, stats=stats):
+      n += 1
+      if limit is not None and n > limit:
+        break
+    return n
+
+
+class MemorySplit(SplitReader):
+  """Examples built in memory; shard i of n is examples[i::n]."""
+
+  def __init__(self, examples: list[dict[str, str]], **kwargs):
+    super().__init__(**kwargs)
+    self._examples = examples
+
+  def iter_examples(self, *, shard_index=0, num_shards=1, file_order_seed=None, stats=None):
+    del file_order_seed, stats  # build rows were counted when building (build_stats)
+    features = self.features
+    for ex in self._examples[shard_index::num_shards]:
+      yield {f: ex[f] for f in features}
+
+  def count(self, *, shard_index=0, num_shards=1, stats=None, limit=None):
+    return len(range(shard_index, len(self._examples), num_shards))
+
+
+class FileSplit(SplitReader):
+  """Rows of files; with at least as many files as shards, each shard owns whole files."""
+
+  def __init__(self, reader: RowReader, **kwargs):
+    super().__init__(features=reader.features, **kwargs)
+    self.reader = reader
+    self.files = reader.files()  # missing or empty files fail here, in the caller's thread
+
+  def iter_examples(self, *, shard_index=0, num_shards=1, file_order_seed=None, stats=None):
+    order = None
+    if file_order_seed is not None and len(self.files) >= num_shards:
+      mine = len(self.files[shard_index::num_shards])
+      if mine > 1:
+        order = np.random.default_rng(file_order_seed).permutation(mine).tolist()
+    yield from self.reader.iter_examples(shard_index=shard_index, num_shards=num_shards, file_order=order,
+                                         stats=stats)
+
+
+class ExampleSource(seqio.DataSource):
+  """A DataSource whose examples are Python dicts of strings."""
+
+  def __init__(self, *, splits: Sequence[str], features: Sequence[str]):
+    self.features = tuple(features)
+    self.stats = RowStats()  # for seqio's get_dataset; the pipeline keeps its own per iterator
+    super().__init__(splits=splits, caching_permitted=False)
+
+  @property
+  def supports_arbitrary_sharding(self) -> bool:
+    return True  # by file, or by record when there are fewer files than shards
+
+  def open(self, split: str, *, data_dir: str | None = None, strict: bool | None = None) -> SplitReader:
+    raise NotImplementedError
+
+  def iter_examples(self, split: str, *, shard_index: int = 0, num_shards: int = 1,
+                    file_order_seed: int | None = None, stats: RowStats | None = None) -> Iterator[dict[str, str]]:
+    """Convenience for the caller's thread: open(split).iter_examples(...)."""
+    yield from self.open(split).iter_examples(shard_index=shard_index, num_shards=num_shards,
+                                              file_order_seed=file_order_seed, stats=stats)
+
+  def get_dataset(self, split: str = "train", shuffle: bool = True, seed: int | None = None,
+                  shard_info: seqio.ShardInfo | None = None, *, sequence_length=None, use_cached=False,
+                  num_epochs=1) -> tf.data.Dataset:
+    del sequence_length, use_cached, num_epochs  # part of seqio's signature only
+    index, count = (shard_info.index, shard_info.num_shards) if shard_info else (0, 1)
+    reader = self.open(split)
+    stats = self.stats
+    file_seed = seed if shuffle else None
+    if isinstance(reader, MemorySplit):  # no Python inside tf.data: nothing to deadlock on
+      rows = list(reader.iter_examples(shard_index=index, num_shards=count))
+      return tf.data.Dataset.from_tensor_slices(
+          {f: np.asarray([r[f] for r in rows], dtype=object) for f in reader.features})
+
+    def gen():
+      yield from chunked(reader.iter_examples(shard_index=index, num_shards=count, file_order_seed=file_seed,
+                                              stats=stats), reader.features)
+
+    signature = {f: tf.TensorSpec([None], tf.string) for f in self.features}
+    return tf.data.Dataset.from_generator(gen, output_signature=signature).unbatch()
+
+  def list_shards(self, split: str) -> Sequence[str]:
+    return [self.open(split).description]
+
+
+class PublicSource(ExampleSource):
+  """A public task: prepared JSONL under <data_dir>/prepared when present, else built in memory."""
+
+  def __init__(self, name: str, builders: Mapping[str, Callable[..., builders_lib.Built]],
+               *, features: Sequence[str] = ("inputs", "targets")):
+    super().__init__(splits=tuple(builders), features=features)
+    self.name = name
+    self._builders = dict(builders)
+    self._cache: dict[tuple, builders_lib.Built] = {}
+
+  def prepared_file(self, split: str, data_dir: str | None = None) -> str:
+    return os.path.join(config.prepared_dir(data_dir), self.name, f"{split}.jsonl")
+
+  def _check_split(self, split: str) -> None:
+    if split not in self._builders:
+      raise ValueError(f"Task {self.name} has no split {split!r}; splits: {sorted(self._builders)}.")
+
+  def build(self, split: str, *, data_dir: str | None = None, strict: bool | None = None) -> builders_lib.Built:
+    """Runs the builder on the raw files (what `st5 data prepare` writes out)."""
+    self._check_split(split)
+    data_dir = data_dir or config.data_dir()
+    strict = config.strict() if strict is None else strict
+    stats = RowStats(max_reported=config.options().max_reported)
+    return self._builders[split](data_dir, stats=stats, strict=strict)
+
+  def _built(self, split: str, data_dir: str, strict: bool) -> builders_lib.Built:
+    key = (data_dir, split, strict)
+    built = self._cache.get(key)
+    if built is None:  # no lock on purpose (see module doc); a race only builds twice
+      built = self._cache.setdefault(key, self.build(split, data_dir=data_dir, strict=strict))
+    return built
+
+  def _manifest(self, data_dir: str) -> dict:
+    path = os.path.join(config.prepared_dir(data_dir), "MANIFEST.json")
+    if not _exists(path):
+      return {}
+    with tf.io.gfile.GFile(path) as f:
+      manifest = json.load(f)
+    if manifest.get("format_version") != PREPARED_FORMAT_VERSION:
+      raise InputFileError(f"{path} has format_version {manifest.get('format_version')}, this code reads "
+                           f"{PREPARED_FORMAT_VERSION}; rerun `st5 data prepare`.")
+    return manifest
+
+  def open(self, split, *, data_dir=None, strict=None):
+    self._check_split(split)
+    data_dir = data_dir or config.data_dir()
+    strict = config.strict() if strict is None else strict
+    prepared = self.prepared_file(split, data_dir)
+    if _exists(prepared):
+      entry = self._manifest(data_dir).get("tasks", {}).get(self.name, {}).get(split, {})
+      reader = RowReader(prepared, RowFormat("jsonl", {f: f for f in self.features}), strict=strict, name=self.name)
+      return FileSplit(reader, description=prepared, build_stats=entry.get("stats", {}))
+    if "://" in data_dir:
+      raise InputFileError(f"{prepared} does not exist. For gs:// data folders run `st5 data prepare` locally and "
+                           "copy its output (including prepared/) to the bucket.")
+    built = self._built(split, data_dir, strict)
+    return MemorySplit(built.examples, features=self.features, build_stats=built.stats.as_dict(),
+                       description=f"{self.name}:{split} built in memory from {data_dir}")
+
+  def examples(self, split: str) -> list[dict[str, str]]:
+    """All examples of a split with their `source` provenance (for inspection and tests)."""
+    data_dir = config.data_dir()
+    prepared = self.prepared_file(split, data_dir)
+    if _exists(prepared):
+      with tf.io.gfile.GFile(prepared) as f:
+        return [json.loads(line) for line in f]
+    return list(self._built(split, data_dir, config.strict()).examples)
+
+  def num_input_examples(self, split: str) -> int:
+    return self.open(split).count()
+
+
+class FileSource(ExampleSource):
+  """Users' files: TSV, CSV, JSON lines or TFRecords of tf.Examples; globs; local or gs://.
+
+  `resolve` returns {split: (file_patterns, RowFormat)}; it is called by `open`, so
+  gin bindings and environment variables set after import still apply.
+  """
+
+  def __init__(self, name: str, resolve: Callable[[], Mapping[str, tuple[str | Sequence[str], RowFormat]]],
+               *, splits: Sequence[str], features: Sequence[str]):
+    super().__init__(splits=splits, features=features)
+    self.name = name
+    self._resolve = resolve
+
+  def open(self, split, *, data_dir=None, strict=None):
+    del data_dir  # users' patterns are absolute, gs://, or relative to the working directory
+    specs = self._resolve()
+    if split not in specs:
+      raise ValueError(f"Task {self.name} has no files for split {split!r}; configured splits: {sorted(specs)}.")
+    patterns, row_format = specs[split]
+    missing = [f for f in self.features if f not in row_format.columns]
+    if missing:
+      raise ValueError(f"Task {self.name}: columns {dict(row_format.columns)} lack feature(s) {missing}.")
+    fmt = RowFormat(row_format.format, {f: row_format.columns[f] for f in self.features}, row_format.header,
+                    row_format.num_fields, row_format.label_column, row_format.label_values,
+                    row_format.keep_labels, row_format.delimiter)
+    strict = config.strict() if strict is None else strict
+    reader = RowReader(patterns, fmt, strict=strict, name=self.name)
+    return FileSplit(reader, description=",".join(reader.files()))
+
+  def num_input_examples(self, split: str) -> int | None:
+    return None  # unknown without reading the files
