@@ -1,0 +1,53 @@
+"""`st5 export --model PATH --format savedmodel|sentence-transformers --out DIR`."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+  p = sub.add_parser("export", help="Export a model as a TF SavedModel (strings in, embeddings out) or a "
+                                    "sentence-transformers folder, with a model card.")
+  p.add_argument("--model", required=True, help="Work dir, model folder, HF/sentence-transformers folder, "
+                 "T5X checkpoint or SavedModel (anything `st5 encode` loads).")
+  p.add_argument("--format", required=True, choices=["savedmodel", "sentence-transformers"])
+  p.add_argument("--out", required=True, help="Directory to create.")
+  p.add_argument("--vocab", default=None, help="SentencePiece model (default: model folder, $ST5_VOCAB, "
+                 "$ST5_DATA_DIR); copied into the export.")
+  p.add_argument("--pooling", choices=["enc_first", "enc_mean", "encdec_first"], default=None,
+                 help="Override the pooling (needed for raw T5 checkpoints that do not record one).")
+  p.add_argument("--max_length", type=int, default=None,
+                 help="Token limit (EOS included) baked into the export; default: the model's.")
+  p.add_argument("--platforms", default="cpu,cuda,tpu",
+                 help="SavedModel only: comma-separated lowering platforms of the forward pass.")
+  p.add_argument("--eval_results", action="append", default=[],
+                 help="`st5 eval` results JSON to quote in the model card (repeatable).")
+  p.add_argument("--overwrite", action="store_true", help="Replace --out if it exists.")
+  p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+  import json
+  import logging
+  import os
+  import sys
+
+  # Exporting only traces and lowers: never claim an accelerator someone else may be using.
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+  for noisy in ("absl", "orbax", "tensorflow"):
+    logging.getLogger(noisy).setLevel(logging.WARNING)
+
+  from st5_jax.export import export_model
+  from st5_jax.export.sentence_transformers import UnsupportedExportError
+
+  platforms = tuple(p.strip() for p in args.platforms.split(",") if p.strip())
+  try:
+    summary = export_model(args.model, format=args.format, out=args.out, vocab=args.vocab, pooling=args.pooling,
+                           max_length=args.max_length, platforms=platforms, eval_results=args.eval_results,
+                           overwrite=args.overwrite)
+  except (UnsupportedExportError, FileExistsError) as e:
+    print(f"st5 export: {e}", file=sys.stderr)
+    return 2
+  print(json.dumps(summary, indent=1))
+  return 0

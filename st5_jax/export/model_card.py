@@ -1,0 +1,244 @@
+"""README.md of an export: what the model is, where it came from, how well it does, how to load it.
+
+Everything is read from files the project writes (st5_config.json, train_config.json,
+results.json, operative_config.gin in a work dir; `st5 eval` results files); anything
+absent is reported as not recorded rather than guessed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import pathlib
+import re
+from typing import Any, Sequence
+
+from st5_jax import configs
+from st5_jax.configs import ST5Config
+
+log = logging.getLogger(__name__)
+
+README = "README.md"
+_POOLING_TEXT = {
+    "enc_first": "encoder output of the first token (ST5-Enc first)",
+    "enc_mean": "mean of the encoder outputs over non-padding tokens (ST5-Enc mean)",
+    "encdec_first": "first decoder output, the decoder fed only the start token (ST5-EncDec first)",
+}
+# Fields that do not change the weights or the math of inference.
+_NUMERICS = ("dtype", "scan_layers", "remat_policy", "dropout_rate")
+
+
+def size_name(t5: configs.T5Config) -> str | None:
+  """The named size (configs.SIZES) with this architecture, if any."""
+  strip = {f: getattr(configs.T5Config(), f) for f in _NUMERICS}
+  for name, cfg in configs.SIZES.items():
+    if cfg.replace(**strip) == t5.replace(**strip):
+      return name
+  return None
+
+
+def _read_json(path: pathlib.Path) -> dict[str, Any] | None:
+  try:
+    value = json.loads(path.read_text())
+  except (OSError, ValueError) as e:
+    if path.exists():
+      log.warning("model card: cannot read %s: %s", path, e)
+    return None
+  return value if isinstance(value, dict) else None
+
+
+def _gin_values(text: str, key: str) -> list[str]:
+  """Quoted string values bound to `...key = 'x'` (or lists of them) in a gin file."""
+  out = []
+  for m in re.finditer(rf"^\s*[\w.]*\b{re.escape(key)}\s*=\s*(.+)$", text, re.MULTILINE):
+    out += re.findall(r"['\"]([^'\"]+)['\"]", m[1])
+  return out
+
+
+def _eval_rows(path: str) -> list[tuple[str, str, str, float]]:
+  """(model, task, metric, main value) rows of an `st5 eval` results file."""
+  payload = _read_json(pathlib.Path(path))
+  if payload is None:
+    raise FileNotFoundError(f"evaluation results {path} are missing or not JSON")
+  models = payload.get("models") if "models" in payload else {pathlib.Path(path).stem: payload}
+  rows = []
+  for name, result in (models or {}).items():
+    for task, res in (result.get("tasks") or {}).items():
+      if isinstance(res, dict) and isinstance(res.get("main"), (int, float)):
+        rows.append((name, task, str(res.get("metric") or ""), float(res["main"])))
+  return rows
+
+
+@dataclasses.dataclass
+class CardInfo:
+  """What the card says; every field may be unknown (None / empty)."""
+
+  config: ST5Config
+  source: str
+  source_format: str
+  step: int | None = None
+  base_checkpoint: str | None = None
+  training_data: list[str] = dataclasses.field(default_factory=list)
+  train_config: dict[str, Any] | None = None
+  train_results: dict[str, Any] | None = None
+  eval_rows: list[tuple[str, str, str, float]] = dataclasses.field(default_factory=list)
+  num_params: int | None = None
+
+
+def collect(*, config: ST5Config, source: str, source_format: str, step: int | None = None,
+            eval_results: Sequence[str] = (), num_params: int | None = None) -> CardInfo:
+  """Gathers what is known about the model at `source` (robust to missing files)."""
+  from st5_jax.export.source import native_root
+
+  info = CardInfo(config=config, source=str(source), source_format=source_format, step=step,
+                  num_params=num_params)
+  root = native_root(source) if source_format == "native" else None
+  if root is not None:
+    info.train_config = _read_json(root / "train_config.json")
+    info.train_results = _read_json(root / "results.json")
+    gin_file = root / "operative_config.gin"
+    gin_text = gin_file.read_text() if gin_file.is_file() else ""
+    info.base_checkpoint = (info.train_results or {}).get("init_from") or next(
+        iter(_gin_values(gin_text, "init_from")), None)
+    info.training_data = list(dict.fromkeys(_gin_values(gin_text, "task")))
+    if not info.training_data and info.train_results and info.train_results.get("task"):
+      info.training_data = [str(info.train_results["task"])]
+  elif source_format in ("hf", "t5x", "sentence_transformers", "savedmodel"):
+    info.base_checkpoint = str(source)
+  # Evaluations recorded by a training run (STS-B dev) come first, then `st5 eval` files.
+  for key, label in (("stsb_dev_spearman_before", "STS-B dev, before training"),
+                     ("stsb_dev_spearman_after", "STS-B dev, after training")):
+    value = (info.train_results or {}).get(key)
+    if isinstance(value, (int, float)):
+      info.eval_rows.append(("training run", label, "spearman", float(value)))
+  for path in eval_results:
+    info.eval_rows += _eval_rows(path)
+  return info
+
+
+def _unknown(value: Any, what: str = "not recorded in the source") -> str:
+  return str(value) if value not in (None, "", [], {}) else f"unknown ({what})"
+
+
+def _architecture(cfg: ST5Config) -> str:
+  t5 = cfg.t5
+  family = "T5.1.1 (gated GELU)" if len(t5.mlp_activations) == 2 else f"T5 1.0 ({t5.mlp_activations[0]})"
+  name = size_name(t5)
+  layers = f"{t5.num_encoder_layers} encoder" + (f" + {t5.num_decoder_layers} decoder" if cfg.uses_decoder else "")
+  return (f"{family}{f', size `{name}`' if name else ''}: d_model {t5.emb_dim}, d_ff {t5.mlp_dim}, "
+          f"{t5.num_heads} heads x {t5.head_dim}, {layers} layers, vocabulary {t5.vocab_size}")
+
+
+def _usage(fmt: str, name: str, dim: int) -> str:
+  if fmt == "savedmodel":
+    return f"""TensorFlow (no JAX needed; `tensorflow_text` registers the SentencePiece ops):
+
+```python
+import tensorflow as tf
+import tensorflow_text  # noqa: F401
+
+model = tf.saved_model.load("{name}")
+embeddings = model(tf.constant(["A sentence.", "Another one."]))[0]  # float32 [2, {dim}]
+# or the serving signature (TF Serving, other languages): inputs -> outputs
+embeddings = model.signatures["serving_default"](inputs=tf.constant(["A sentence."]))["outputs"]
+```
+
+TF Hub / Keras, as the public ST5 models:
+
+```python
+import tensorflow_hub as hub
+encoder = hub.KerasLayer("{name}")
+embeddings = encoder(tf.constant(["A sentence."]))[0]
+```
+
+st5_jax (`st5 encode --model {name} ...` or):
+
+```python
+from st5_jax import SentenceEncoder
+embeddings = SentenceEncoder.load("{name}").encode(["A sentence."])
+```
+
+Other signatures: `tokenize` (inputs -> int32 tokens, EOS appended, zero padded) and
+`encode_tokens` (tokens -> outputs). The vocabulary is `assets/spiece.model`.
+"""
+  return f"""sentence-transformers:
+
+```python
+from sentence_transformers import SentenceTransformer
+model = SentenceTransformer("{name}")
+embeddings = model.encode(["A sentence.", "Another one."])  # float32 [2, {dim}]
+```
+
+Hugging Face transformers (the T5 encoder only; pooling, projection and normalisation
+are the `1_Pooling`, `2_Dense` and `3_Normalize` modules):
+
+```python
+from transformers import T5EncoderModel, T5Tokenizer
+encoder, tokenizer = T5EncoderModel.from_pretrained("{name}"), T5Tokenizer.from_pretrained("{name}")
+```
+
+st5_jax: `SentenceEncoder.load("{name}")`, or `st5 encode --model {name} ...`.
+"""
+
+
+def render(info: CardInfo, *, export_format: str, name: str = ".") -> str:
+  """The card's Markdown (with Hugging Face-style front matter)."""
+  from st5_jax import __version__
+
+  cfg = info.config
+  library = "sentence-transformers" if export_format == "sentence-transformers" else "tensorflow"
+  lines = ["---", f"library_name: {library}", "pipeline_tag: sentence-similarity",
+           "tags:", "- sentence-t5", "- sentence-similarity", "- feature-extraction", f"- {cfg.pooling}",
+           "---", "",
+           f"# Sentence-T5 encoder ({cfg.pooling}, {cfg.output_dim} dimensions)", "",
+           f"Exported with `st5 export --format {export_format}` (st5_jax {__version__}) on "
+           f"{datetime.date.today().isoformat()} from `{info.source}` ({info.source_format} format"
+           + (f", step {info.step}" if info.step is not None else "") + ").", "",
+           "## Model", "",
+           "| | |", "|---|---|",
+           f"| Architecture | {_architecture(cfg)} |",
+           f"| Pooling | `{cfg.pooling}`: {_POOLING_TEXT[cfg.pooling]} |",
+           "| Projection | " + (f"dense {cfg.t5.emb_dim} -> {cfg.embedding_dim}, no bias" if cfg.embedding_dim
+                               else "none (pooled T5 outputs)") + " |",
+           f"| Normalisation | {'L2 (unit-length embeddings; dot product = cosine)' if cfg.normalize else 'none'} |",
+           f"| Max sequence length | {cfg.max_length} tokens, EOS included (longer inputs are truncated) |",
+           "| Tokenizer | T5 SentencePiece vocabulary; EOS (id 1) appended, padding id 0 |"]
+  if info.num_params:
+    lines.append(f"| Parameters | {info.num_params:,} |")
+  tc, tr = info.train_config or {}, info.train_results or {}
+  steps = tr.get("last_step", info.step)
+  lines += ["", "## Training", "",
+            f"- Base checkpoint: {_unknown(info.base_checkpoint)}",
+            f"- Training data: {_unknown(', '.join(info.training_data))}",
+            f"- Steps: {_unknown(steps)}" + (f" of {tc['num_train_steps']}" if tc.get("num_train_steps") else "")
+            + (f", global batch size {tc['global_batch_size']}" if tc.get("global_batch_size") else "")]
+  if tc:
+    opt = tc.get("optimizer") or {}
+    details = [f"{k} {v}" for k, v in (("temperature", tc.get("temperature")),
+                                       ("bidirectional loss", tc.get("bidirectional")),
+                                       ("seed", tc.get("seed"))) if v is not None]
+    if isinstance(opt, dict) and opt:
+      details.append("optimizer " + ", ".join(f"{k}={v}" for k, v in opt.items() if not isinstance(v, dict)))
+    if details:
+      lines.append(f"- Settings: {'; '.join(details)}")
+  if tr.get("interrupted_by"):
+    lines.append(f"- Note: the last run was interrupted by {tr['interrupted_by']}")
+  lines += ["", "## Evaluation", ""]
+  if info.eval_rows:
+    lines += ["| Model | Task | Metric | Score |", "|---|---|---|---:|"]
+    lines += [f"| {m} | {t} | {metric or '-'} | {v:.2f} |" for m, t, metric, v in info.eval_rows]
+  else:
+    lines.append("No evaluation results were recorded for this model (run `st5 eval --model DIR --output "
+                 "results.json` and re-export with `--eval_results results.json` to include them).")
+  lines += ["", "## How to load", "", _usage(export_format, name, cfg.output_dim).rstrip(), ""]
+  return "\n".join(lines)
+
+
+def write(directory: str | os.PathLike, info: CardInfo, *, export_format: str, name: str | None = None) -> str:
+  path = pathlib.Path(directory) / README
+  path.write_text(render(info, export_format=export_format, name=name or str(directory)), encoding="utf-8")
+  return str(path)
+

@@ -1,0 +1,359 @@
+"""TF SavedModel export: strings in, L2-normalised embeddings out, as the ST5 TF Hub models.
+
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
+    model = tf.saved_model.load(DIR)
+    emb_BxD = model(tf.constant(["A sentence.", "Another one."]))[0]
+    emb_BxD = model.signatures["serving_default"](inputs=tf.constant([...]))["outputs"]
+
+The forward pass is `SentenceT5(config).apply` converted with jax2tf (native
+serialisation: one XlaCallModule op holding StableHLO, lowered for several platforms),
+polymorphic in batch and length. Its parameters are arguments of that op fed from
+tf.Variables, so weights are saved as variables (any model size) and never as graph
+constants. Tokenisation runs in the graph with tensorflow_text's SentencepieceTokenizer:
+pieces, truncation to max_length - 1, EOS, zero padding to a length bucket.
+
+Layout of DIR (besides saved_model.pb and variables/):
+
+    assets/spiece.model       the SentencePiece vocabulary
+    assets/st5_config.json    the ST5Config of the exported tower
+    assets/st5_export.json    parameter names (T5X, unscanned) in variable order, metadata
+    README.md                 the model card
+
+`load_flat` rebuilds T5X-named arrays from the variables without JAX or tracing, so
+every st5_jax tool (`SentenceEncoder.load`, training `init_from`) reads an export back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+import shutil
+import tempfile
+import time
+from typing import Any, Mapping, MutableMapping, Sequence
+
+import numpy as np
+
+from st5_jax.configs import ST5Config
+
+log = logging.getLogger(__name__)
+
+VOCAB_FILE = "spiece.model"
+CONFIG_FILE = "st5_config.json"
+EXPORT_FILE = "st5_export.json"
+ASSETS_DIR = "assets"
+FORMAT_VERSION = 1
+INPUT_KEY = "inputs"
+OUTPUT_KEY = "outputs"
+TOKENS_KEY = "tokens"
+# StableHLO lowered for all three lets one SavedModel serve on TF CPU, GPU and TPU builds;
+# the runtime picks the lowering of the device it runs on.
+DEFAULT_PLATFORMS = ("cpu", "cuda", "tpu")
+# Smallest padded length; then powers of two up to max_length (as SentenceEncoder pads), so
+# TF compiles the XlaCallModule for a handful of lengths instead of every batch maximum.
+MIN_LENGTH_BUCKET = 8
+# Checkpoint key of the i-th entry of the module's `params` list.
+_VARIABLE_KEY = "params/{}/.ATTRIBUTES/VARIABLE_VALUE"
+_EOS_ID = 1  # st5_jax.vocab.EOS_ID; not imported so this module loads without sentencepiece.
+
+
+def length_buckets(max_length: int) -> list[int]:
+  """Padded lengths the graph uses: 8, 16, ... capped at max_length."""
+  out, b = [], MIN_LENGTH_BUCKET
+  while b < max_length:
+    out.append(b)
+    b *= 2
+  return out + [max_length]
+
+
+def _assets(path: str | os.PathLike) -> pathlib.Path:
+  return pathlib.Path(path) / ASSETS_DIR
+
+
+def is_export(path: str | os.PathLike) -> bool:
+  """True for a SavedModel written by `export` (not any SavedModel)."""
+  return (pathlib.Path(path) / "saved_model.pb").is_file() and (_assets(path) / EXPORT_FILE).is_file()
+
+
+def _require_export(path: str | os.PathLike) -> None:
+  if not (pathlib.Path(path) / "saved_model.pb").is_file():
+    raise FileNotFoundError(f"{path} is not a SavedModel (no saved_model.pb)")
+  if not (_assets(path) / EXPORT_FILE).is_file():
+    raise ValueError(f"{path} is a SavedModel but not one written by `st5 export` "
+                     f"({ASSETS_DIR}/{EXPORT_FILE} is missing), so its parameters cannot be read back. "
+                     "It may still be called from TensorFlow directly.")
+
+
+def read_config(path: str | os.PathLike) -> ST5Config:
+  _require_export(path)
+  return ST5Config.from_dict(json.loads((_assets(path) / CONFIG_FILE).read_text()))
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
+  _require_export(path)
+  return json.loads((_assets(path) / EXPORT_FILE).read_text())
+
+
+def load_flat(path: str | os.PathLike) -> tuple[ST5Config, dict[str, np.ndarray]]:
+  """Config and unscanned, T5X-named float32 arrays read from the SavedModel's variables."""
+  import tensorflow as tf  # the checkpoint reader only; no graph is loaded or traced.
+
+  config = read_config(path)
+  meta = read_metadata(path)
+  reader = tf.train.load_checkpoint(str(pathlib.Path(path) / "variables" / "variables"))
+  flat = {}
+  for i, (name, shape) in enumerate(zip(meta["param_names"], meta["param_shapes"])):
+    value = np.asarray(reader.get_tensor(_VARIABLE_KEY.format(i)), np.float32)
+    if list(value.shape) != list(shape):
+      raise ValueError(f"{path}: variable {i} ({name}) has shape {value.shape}, "
+                       f"{EXPORT_FILE} says {tuple(shape)}")
+    flat[name] = value
+  return config, flat
+
+
+def _check_vocab(vocab_file: str, config: ST5Config) -> bytes:
+  import sentencepiece as spm
+
+  with open(vocab_file, "rb") as f:
+    proto = f.read()
+  sp = spm.SentencePieceProcessor(model_proto=proto)
+  if sp.pad_id() != 0 or sp.eos_id() != _EOS_ID:
+    raise ValueError(f"{vocab_file} is not a T5 vocabulary: pad={sp.pad_id()} eos={sp.eos_id()}, expected 0 and 1")
+  if sp.get_piece_size() > config.t5.vocab_size:
+    raise ValueError(f"{vocab_file} has {sp.get_piece_size()} pieces but the model embeds only "
+                     f"{config.t5.vocab_size} ids")
+  return proto
+
+
+def _jax_forward(config: ST5Config, names: Sequence[str], platforms: Sequence[str]):
+  """The tower as a TF-callable `(list of param tensors, tokens_BxL) -> emb_BxD`."""
+  import jax
+  from jax.experimental import jax2tf
+
+  from st5_jax.checkpoints import tree
+  from st5_jax.model.st5 import SentenceT5
+
+  model = SentenceT5(config)
+  # fp32 exports promise fp32 results everywhere (e.g. no TF32 matmuls on GPUs).
+  precision = "highest" if config.t5.dtype == "float32" else "default"
+
+  def forward(param_list, tokens_BxL):
+    params = tree.unflatten(dict(zip(names, param_list)))
+    with jax.default_matmul_precision(precision):
+      return model.apply({"params": params}, tokens_BxL)
+
+  return jax2tf.convert(forward, polymorphic_shapes=[None, "(b, l)"], with_gradient=False,
+                        native_serialization_platforms=tuple(platforms))
+
+
+def _build_module(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], names: Sequence[str],
+                  vocab_proto: bytes, staged: pathlib.Path, platforms: Sequence[str], consume: bool):
+  import tensorflow as tf
+  import tensorflow_text as tf_text
+
+  forward = _jax_forward(config, names, platforms)
+  dim = config.output_dim
+  max_length = config.max_length
+  buckets = length_buckets(max_length)
+
+  class SentenceT5Module(tf.Module):
+    """Callable on a [batch] tf.string tensor; returns [embeddings [batch, D]]."""
+
+    # TF Hub's Reusable SavedModel API reads these as saved attributes; tf.Module's
+    # read-only properties of the same names would not be saved.
+    variables = None
+    trainable_variables = None
+    regularization_losses = None
+
+    def __init__(self):
+      super().__init__(name="sentence_t5")
+      variables = []
+      for name in names:
+        value = flat.pop(name) if consume else flat[name]
+        # Named after the T5X parameter, so `[v.name for v in model.variables]` documents itself.
+        variables.append(tf.Variable(np.asarray(value, np.float32), trainable=False, name=name))
+        del value
+      self.params = variables
+      self.variables = list(variables)
+      # Not trainable: the converted forward pass carries no gradient.
+      self.trainable_variables = []
+      self.regularization_losses = []
+      self.vocab_file = tf.saved_model.Asset(str(staged / VOCAB_FILE))
+      self.config_file = tf.saved_model.Asset(str(staged / CONFIG_FILE))
+      self.export_file = tf.saved_model.Asset(str(staged / EXPORT_FILE))
+      # tensorflow_text's SentencePiece op takes the model proto as an attribute, so the
+      # proto is also part of the graph; the asset is the file for every other reader.
+      self.tokenizer = tf_text.SentencepieceTokenizer(model=vocab_proto, out_type=tf.int32)
+
+    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_KEY)])
+    def tokenize(self, inputs):
+      """int32 [batch, L]: pieces truncated to max_length - 1, EOS, zero padding to a bucket."""
+      pieces = self.tokenizer.tokenize(inputs)[:, : max_length - 1]
+      batch = tf.shape(inputs, out_type=tf.int64)[0]
+      eos = tf.RaggedTensor.from_tensor(tf.fill(tf.stack([batch, 1]), tf.constant(_EOS_ID, tf.int32)))
+      tokens = tf.concat([pieces, eos], axis=1)
+      longest = tf.reduce_max(tf.concat([tokens.row_lengths(), [1]], axis=0))  # 1 for an empty batch
+      bucket_lengths = tf.constant(buckets, tf.int64)
+      padded_len = tf.reduce_min(tf.where(bucket_lengths >= longest, bucket_lengths, max_length))
+      return tokens.to_tensor(default_value=0, shape=tf.stack([batch, padded_len]))
+
+    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None, None], tf.int32, name=TOKENS_KEY)])
+    def encode_tokens(self, tokens):
+      """float32 [batch, D] from tokens (pad 0, EOS-terminated, at least one row)."""
+      return tf.ensure_shape(forward(self.params, tokens), [None, dim])
+
+    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_KEY)])
+    def __call__(self, inputs):
+      tokens = self.tokenize(inputs)
+      # The converted function assumes batch >= 1 (shape polymorphism's default).
+      emb = tf.cond(tf.shape(tokens)[0] > 0, lambda: self.encode_tokens(tokens),
+                    lambda: tf.zeros([0, dim], tf.float32))
+      return [tf.ensure_shape(emb, [None, dim])]
+
+    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_KEY)])
+    def serve(self, inputs):
+      return {OUTPUT_KEY: self.__call__(inputs)[0]}
+
+    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_KEY)])
+    def serve_tokenize(self, inputs):
+      return {TOKENS_KEY: self.tokenize(inputs)}
+
+    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None, None], tf.int32, name=TOKENS_KEY)])
+    def serve_encode_tokens(self, tokens):
+      return {OUTPUT_KEY: self.encode_tokens(tokens)}
+
+  return SentenceT5Module()
+
+
+def export(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], vocab_file: str,
+           out: str | os.PathLike, platforms: Sequence[str] = DEFAULT_PLATFORMS,
+           metadata: Mapping[str, Any] | None = None, consume: bool = False) -> dict[str, Any]:
+  """Writes the SavedModel to `out` (which must not exist); returns what it measured.
+
+  `flat`: unscanned T5X-named arrays of `config`'s tower (extra names are an error).
+  `consume=True` removes arrays from `flat` as their variables are made, so the host
+  holds one copy of the weights (an 11B model is 44 GB in float32).
+  """
+  import flax.linen as nn
+  import tensorflow as tf
+
+  from st5_jax.checkpoints import tree
+  from st5_jax.model.st5 import abstract_params
+
+  out = pathlib.Path(out)
+  if out.exists():
+    raise FileExistsError(f"{out} exists; export writes a new directory")
+  if config.t5.scan_layers:
+    raise ValueError("export takes unscanned parameters: pass a config with scan_layers=False "
+                     "(st5_jax.export.source.load_source does this)")
+  expected = {k: tuple(v.shape) for k, v in tree.flatten(nn.unbox(abstract_params(config))).items()}
+  names = sorted(expected)
+  missing = [k for k in names if k not in flat]
+  extra = sorted(k for k in flat if k not in expected)
+  bad = [f"{k}: {np.shape(flat[k])} vs {expected[k]}" for k in names
+         if k in flat and tuple(np.shape(flat[k])) != expected[k]]
+  if missing or extra or bad:
+    raise ValueError(f"Parameters do not fit the {config.pooling} tower: missing {missing}, "
+                     f"unexpected {extra}, shapes {bad}")
+  vocab_proto = _check_vocab(vocab_file, config)
+  shapes = [list(expected[k]) for k in names]
+  meta = {"format_version": FORMAT_VERSION, "param_names": names, "param_shapes": shapes,
+          "output_dim": config.output_dim, "max_length": config.max_length, "pooling": config.pooling,
+          "platforms": list(platforms), "signatures": ["serving_default", "tokenize", "encode_tokens"],
+          "input_key": INPUT_KEY, "output_key": OUTPUT_KEY, **dict(metadata or {})}
+  start = time.perf_counter()
+  # Written next to `out` and renamed at the end, so a crash never leaves a SavedModel
+  # that looks complete.
+  out.parent.mkdir(parents=True, exist_ok=True)
+  tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+  staged = pathlib.Path(tempfile.mkdtemp(prefix="st5_export_assets_"))
+  try:
+    shutil.copyfile(vocab_file, staged / VOCAB_FILE)
+    (staged / CONFIG_FILE).write_text(config.to_json())
+    (staged / EXPORT_FILE).write_text(json.dumps(meta, indent=1))
+    module = _build_module(config=config, flat=flat, names=names, vocab_proto=vocab_proto, staged=staged,
+                           platforms=platforms, consume=consume)
+    signatures = {"serving_default": module.serve.get_concrete_function(),
+                  "tokenize": module.serve_tokenize.get_concrete_function(),
+                  "encode_tokens": module.serve_encode_tokens.get_concrete_function()}
+    traced = time.perf_counter()
+    tf.saved_model.save(module, str(tmp), signatures=signatures)
+    del module
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; an export is meant to be shared.
+    os.replace(tmp, out)
+  finally:
+    shutil.rmtree(staged, ignore_errors=True)
+    if tmp.exists():
+      shutil.rmtree(tmp, ignore_errors=True)
+  end = time.perf_counter()
+  size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+  stats = {"trace_seconds": round(traced - start, 2), "save_seconds": round(end - traced, 2),
+           "export_seconds": round(end - start, 2), "bytes": size, "num_params": int(sum(np.prod(s) for s in shapes))}
+  log.info("SavedModel %s: %.1f MB in %.1fs", out, size / 2**20, end - start)
+  return stats
+
+
+class SavedModelEncoder:
+  """`SentenceEncoder`'s interface over an exported SavedModel, run by TensorFlow.
+
+  Only TensorFlow and tensorflow_text are used (no JAX); the batching mirrors
+  `SentenceEncoder.encode` (sorted by length, in input order on return).
+  """
+
+  def __init__(self, path: str | os.PathLike, *, batch_size: int = 64):
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops before loading)
+
+    self.path = str(path)
+    self.config = read_config(path)
+    self.metadata = read_metadata(path)
+    self.source = f"savedmodel:{path}"
+    self.report = None
+    self.max_batch_size = batch_size
+    self.vocab_file = str(_assets(path) / VOCAB_FILE)
+    self._tf = tf
+    self.model = tf.saved_model.load(self.path)
+
+  @property
+  def dim(self) -> int:
+    return self.config.output_dim
+
+  def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids with EOS, as the graph computes them (padding removed)."""
+    texts = list(texts)
+    if not texts:
+      return []
+    tokens = self.model.tokenize(self._tf.constant(texts, self._tf.string)).numpy()
+    return [row[row != 0].tolist() for row in tokens]
+
+  def encode_tokens(self, tokens_BxL: np.ndarray) -> np.ndarray:
+    return self.model.encode_tokens(self._tf.constant(tokens_BxL, self._tf.int32)).numpy()
+
+  def encode(self, texts: Sequence[str], batch_size: int | None = None, *,
+             show_progress: bool = False) -> np.ndarray:
+    """float32 [len(texts), dim] embeddings, in input order."""
+    if isinstance(texts, str):
+      raise TypeError("encode() takes a list of strings, not a single string")
+    texts = list(texts)
+    batch_size = batch_size or self.max_batch_size
+    out_NxD = np.zeros((len(texts), self.dim), np.float32)
+    # Characters approximate token counts well enough to keep padding low.
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    progress = None
+    if show_progress:
+      from tqdm import tqdm
+      progress = tqdm(total=len(texts), desc="encode", unit="sent")
+    for start in range(0, len(texts), batch_size):
+      idx = order[start:start + batch_size]
+      batch = self._tf.constant([texts[i] for i in idx], self._tf.string)
+      out_NxD[idx] = self.model(batch)[0].numpy()
+      if progress:
+        progress.update(len(idx))
+    if progress:
+      progress.close()
+    return out_NxD
+
+  __call__ = encode

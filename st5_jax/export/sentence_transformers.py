@@ -1,0 +1,136 @@
+"""sentence-transformers export in the layout of the public sentence-t5 models.
+
+    DIR/                       the Transformer module (path ""): a Hugging Face T5EncoderModel
+      config.json, model.safetensors, spiece.model, tokenizer files,
+      sentence_bert_config.json (max_seq_length)
+    DIR/1_Pooling/config.json  first-token (enc_first) or mean (enc_mean) pooling
+    DIR/2_Dense/               projection: linear.weight [out, in], no bias, Identity activation
+    DIR/3_Normalize/           L2 normalisation
+    DIR/modules.json, README.md
+
+Only the weights and JSON are written here (safetensors, no torch needed); when
+transformers is installed its T5Tokenizer adds tokenizer.json. st5_jax reads the folder
+back with st5_jax.checkpoints.sentence_transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+from typing import Mapping, MutableMapping
+
+import numpy as np
+
+from st5_jax.checkpoints import hf
+from st5_jax.configs import ST5Config
+
+VOCAB_FILE = "spiece.model"
+_LEGACY = "sentence_transformers.models."
+# Hugging Face's T5 config can express these MLPs exactly (feed_forward_proj).
+_HF_ACTIVATIONS = {("relu",), ("gelu_exact",), ("silu",), ("gelu", "linear"), ("relu", "linear"),
+                   ("silu", "linear")}
+
+
+class UnsupportedExportError(ValueError):
+  """The tower cannot be expressed in the target format; the message says why."""
+
+
+def check_exportable(config: ST5Config) -> None:
+  """Raises UnsupportedExportError when sentence-transformers cannot run this tower."""
+  if config.uses_decoder:
+    raise UnsupportedExportError(
+        "encdec_first cannot be exported to sentence-transformers: its embedding is the first output "
+        "of the T5 decoder (fed only the start token, attending to the encoder outputs), but a "
+        "sentence-transformers Transformer module runs only the T5 encoder (T5EncoderModel) and its "
+        "Pooling module only pools encoder token embeddings. Export it with --format savedmodel, or "
+        "train an enc_first / enc_mean model for sentence-transformers.")
+  acts = tuple(config.t5.mlp_activations)
+  if acts not in _HF_ACTIVATIONS:
+    raise UnsupportedExportError(
+        f"MLP activations {acts} have no exact Hugging Face T5 feed_forward_proj (supported: "
+        f"{sorted(_HF_ACTIVATIONS)}); the exported encoder would compute something else.")
+
+
+def _encoder_state_dict(flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+  encoder_only = {k: v for k, v in flat.items()
+                  if k == "token_embedder/embedding" or k.startswith("encoder/")}
+  sd = hf.to_hf_state_dict(encoder_only)
+  # T5EncoderModel ties encoder.embed_tokens to shared; transformers saves it once.
+  sd.pop("encoder.embed_tokens.weight", None)
+  return sd
+
+
+def _write_tokenizer(out: pathlib.Path, vocab_file: str, max_length: int) -> None:
+  shutil.copyfile(vocab_file, out / VOCAB_FILE)
+  # Enough for transformers to build the tokenizer from spiece.model on its own.
+  (out / "tokenizer_config.json").write_text(json.dumps({
+      "tokenizer_class": "T5Tokenizer", "model_max_length": max_length, "extra_ids": 100,
+      "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}, indent=2))
+  try:
+    import transformers
+  except ImportError:
+    return  # tokenizer.json is an optimisation; loaders convert spiece.model themselves.
+  tok = transformers.T5Tokenizer.from_pretrained(str(out), model_max_length=max_length)
+  tok.save_pretrained(str(out))
+
+
+def export(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], vocab_file: str,
+           out: str | os.PathLike) -> dict[str, int]:
+  """Writes the folder to `out` (which must not exist); returns {"bytes": size}."""
+  from safetensors.numpy import save_file
+
+  check_exportable(config)
+  out = pathlib.Path(out)
+  if out.exists():
+    raise FileExistsError(f"{out} exists; export writes a new directory")
+  if config.embedding_dim is not None and "projection_layer/kernel" not in flat:
+    raise ValueError("config has a projection but the parameters have no projection_layer/kernel")
+  out.parent.mkdir(parents=True, exist_ok=True)
+  tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+  try:
+    t5 = config.t5
+    hf_config = dict(hf.hf_config_from_t5(t5, encoder_only=True), dtype="float32")
+    (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
+    save_file(_encoder_state_dict(flat), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    _write_tokenizer(tmp, vocab_file, config.max_length)
+    (tmp / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": config.max_length, "do_lower_case": False}, indent=2))
+    (tmp / "config_sentence_transformers.json").write_text(
+        json.dumps({"prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"}, indent=2))
+
+    modules = [{"idx": 0, "name": "0", "path": "", "type": _LEGACY + "Transformer"}]
+    pool_dir = tmp / "1_Pooling"
+    pool_dir.mkdir()
+    (pool_dir / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": t5.emb_dim,
+        "pooling_mode_cls_token": config.pooling == "enc_first",
+        "pooling_mode_mean_tokens": config.pooling == "enc_mean",
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False}, indent=2))
+    modules.append({"idx": 1, "name": "1", "path": "1_Pooling", "type": _LEGACY + "Pooling"})
+    if config.embedding_dim is not None:
+      dense_dir = tmp / f"{len(modules)}_Dense"
+      dense_dir.mkdir()
+      kernel_DxE = np.asarray(flat["projection_layer/kernel"], np.float32)
+      (dense_dir / "config.json").write_text(json.dumps({
+          "in_features": int(kernel_DxE.shape[0]), "out_features": int(kernel_DxE.shape[1]), "bias": False,
+          "activation_function": "torch.nn.modules.linear.Identity"}, indent=2))
+      save_file({"linear.weight": np.ascontiguousarray(kernel_DxE.T)}, str(dense_dir / "model.safetensors"),
+                metadata={"format": "pt"})
+      modules.append({"idx": len(modules), "name": str(len(modules)), "path": dense_dir.name,
+                      "type": _LEGACY + "Dense"})
+    if config.normalize:
+      norm_dir = tmp / f"{len(modules)}_Normalize"
+      norm_dir.mkdir()
+      modules.append({"idx": len(modules), "name": str(len(modules)), "path": norm_dir.name,
+                      "type": _LEGACY + "Normalize"})
+    (tmp / "modules.json").write_text(json.dumps(modules, indent=2))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; an export is meant to be shared.
+    os.replace(tmp, out)
+  finally:
+    if tmp.exists():
+      shutil.rmtree(tmp, ignore_errors=True)
+  return {"bytes": sum(f.stat().st_size for f in out.rglob("*") if f.is_file())}
