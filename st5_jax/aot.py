@@ -185,7 +185,7 @@ def compile_for_devices(spec, devices, *, name: str, topology: str, utilisation:
   lengths = _feature_lengths(spec.data)
   batch = abstract_batch(mesh, tc.global_batch_size, lengths)
   start = time.perf_counter()
-  with mesh:
+  with jax.set_mesh(mesh):
     compiled = setup.step_fn.lower(state, batch).compile()
   compile_seconds = time.perf_counter() - start
   mem = compiled.memory_analysis()

@@ -41,14 +41,15 @@ def _merge(x):
   return x.swapaxes(0, 1).reshape(C * b, *x.shape[2:])
 
 
-def value_and_grad(model, params: Any, batch: Mapping[str, jax.Array], key: jax.Array, *, chunks: int,
+def value_and_grad(embed, params: Any, batch: Mapping[str, jax.Array], key: jax.Array, *, chunks: int,
                    loss_kw: Mapping[str, Any]) -> tuple[tuple[jax.Array, dict], Any]:
-  """((loss, metrics), grads) of the in-batch softmax loss, computed chunk by chunk."""
+  """((loss, metrics), grads) of the in-batch softmax loss, computed chunk by chunk.
+
+  embed(params, tokens_bxL, dropout_key) -> emb_bxD is the training-mode tower
+  (st5_jax.train.make_embed_fn).
+  """
   sides = [s for s in (LEFT, RIGHT, RIGHT_NEG) if s in batch]
   side_keys = dict(zip((LEFT, RIGHT, RIGHT_NEG), jax.random.split(key, 3)))
-
-  def embed(p, tokens_bxL, k):
-    return model.apply({"params": p}, tokens_bxL, deterministic=False, rngs={"dropout": k})
 
   tokens = {s: _split(batch[s], chunks) for s in sides}
   keys = {s: jax.random.split(side_keys[s], chunks) for s in sides}

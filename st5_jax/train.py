@@ -108,15 +108,33 @@ class TrainState:
 # ----------------------------------------------------------------------------- the step
 
 
-def make_train_step(model: SentenceT5, tx: optax.GradientTransformation, config: TrainConfig,
+EmbedFn = Callable[[Any, jax.Array, jax.Array], jax.Array]  # (params, tokens_BxL, dropout key) -> emb_BxD
+
+
+def make_embed_fn(model: SentenceT5, boxed_params: Any | None = None) -> EmbedFn:
+  """The training-mode tower.
+
+  With `boxed_params` (the logically annotated abstract tree), parameters are re-boxed
+  before `apply`, so every use inside the model -- also inside a scanned layer body --
+  carries its sharding constraint. Without it XLA may all-gather a whole stack of
+  scanned fsdp-sharded layers (and keep their gradients unsharded) outside the loop.
+  """
+  is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
+
+  def embed(params, tokens_BxL, key):
+    if boxed_params is not None:
+      params = jax.tree.map(lambda box, x: box.replace_boxed(x), boxed_params, params, is_leaf=is_box)
+    return model.apply({"params": params}, tokens_BxL, deterministic=False, rngs={"dropout": key})
+
+  return embed
+
+
+def make_train_step(embed: EmbedFn, tx: optax.GradientTransformation, config: TrainConfig,
                     schedule: optax.Schedule) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict]]:
   """The pure step: embed both sides of the global batch, contrastive loss, Adafactor update."""
   base_key = jax.random.PRNGKey(config.seed)
   loss_kw = dict(temperature=config.temperature, bidirectional=config.bidirectional,
                  label_smoothing=config.label_smoothing)
-
-  def embed(params, tokens_BxL, key):
-    return model.apply({"params": params}, tokens_BxL, deterministic=False, rngs={"dropout": key})
 
   def loss_fn(params, batch, key):
     k_left, k_right, k_neg = jax.random.split(key, 3)
@@ -129,7 +147,7 @@ def make_train_step(model: SentenceT5, tx: optax.GradientTransformation, config:
     key = jax.random.fold_in(base_key, state.step)
     if config.grad_cache_chunks > 1:
       from st5_jax import grad_cache
-      (loss, metrics), grads = grad_cache.value_and_grad(model, state.params, batch, key,
+      (loss, metrics), grads = grad_cache.value_and_grad(embed, state.params, batch, key,
                                                          chunks=config.grad_cache_chunks, loss_kw=loss_kw)
     else:
       (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, key)
@@ -173,7 +191,7 @@ def build(model_config: ST5Config, train_config: TrainConfig, mesh: Mesh,
   abstract_state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params_abs, opt_state=opt_abs)
   state_shardings = TrainState(step=rep, params=p_shard, opt_state=o_shard)
   batch_shard = partitioning.batch_sharding(mesh)
-  step = make_train_step(model, tx, train_config, schedule)
+  step = make_train_step(make_embed_fn(model, boxed), tx, train_config, schedule)
 
   def step_with_rules(state, batch):
     with partitioning.with_rules(rules):
@@ -385,7 +403,7 @@ def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: 
   summary.update({"workdir": str(workdir), "num_train_steps": tc.num_train_steps,
                   "global_batch_size": tc.global_batch_size, "mesh": dict(mesh.shape), **(run_info or {})})
 
-  with mesh:
+  with jax.set_mesh(mesh):
     restored = restore_latest_good(mngr, setup)
     iterator = make_iterator(mesh, tc.global_batch_size, tc.seed)
     if restored is not None:

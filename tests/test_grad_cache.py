@@ -30,7 +30,8 @@ def test_grad_cache_equals_full_batch_gradient(chunks, negatives, bidirectional)
   loss_kw = dict(temperature=0.01, bidirectional=bidirectional, label_smoothing=0.0)
   (loss, metrics), grads = jax.jit(lambda p, b: _full_grad(model, p, b, loss_kw))(params, batch)
   (loss_c, metrics_c), grads_c = jax.jit(
-      lambda p, b: grad_cache.value_and_grad(model, p, b, jax.random.PRNGKey(1), chunks=chunks, loss_kw=loss_kw)
+      lambda p, b: grad_cache.value_and_grad(train.make_embed_fn(model), p, b, jax.random.PRNGKey(1),
+                                             chunks=chunks, loss_kw=loss_kw)
   )(params, batch)
   assert float(loss_c) == pytest.approx(float(loss), rel=1e-5)
   for k in metrics:
@@ -47,7 +48,7 @@ def test_train_step_with_grad_cache_on_a_mesh_matches_plain_step():
     tc = train.TrainConfig(num_train_steps=4, global_batch_size=32, grad_cache_chunks=chunks,
                            optimizer=optim.OptimizerConfig(learning_rate=1e-2, epsilon1=1e-6))
     setup = train.build(CFG, tc, mesh)
-    with mesh:
+    with jax.set_mesh(mesh):
       state = train.init_state(setup, CFG, seed=0)
       it = synthetic.SyntheticPairs(mesh, 32, 0)
       for _ in range(2):

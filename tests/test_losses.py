@@ -94,7 +94,7 @@ def test_logits_span_the_global_batch_on_a_mesh(mesh_shape):
     logits = losses.contrastive_logits(q_, p_, n_, temperature=0.01)
     return logits, losses.in_batch_softmax_loss(q_, p_, n_)[0]
 
-  with mesh:
+  with jax.set_mesh(mesh):
     logits, loss = f(qs, ps, ns)
   assert logits.shape == (B, 2 * B)
   np.testing.assert_allclose(np.asarray(logits), np.concatenate([q @ p.T, q @ n.T], 1) / 0.01, rtol=1e-5, atol=1e-4)

@@ -87,7 +87,7 @@ def _one_step(mesh, model=TINY):
   # epsilon1=1e-6: Adafactor's first update is ~sign(g) per element, so with the default
   # 1e-30 a gradient of 1e-12 (reduction-order noise) would flip a full-size update.
   setup = train.build(model, _tc(optimizer=optim.OptimizerConfig(learning_rate=1e-2, epsilon1=1e-6)), mesh)
-  with mesh:
+  with jax.set_mesh(mesh):
     state = train.init_state(setup, model, seed=0)
     it = synthetic.SyntheticPairs(mesh, 16, 0)
     for _ in range(2):

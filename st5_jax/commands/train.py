@@ -43,10 +43,20 @@ def gin_overrides(extra: list[str]) -> list[str]:
   return bindings
 
 
+class _QuietIncludes:
+  """Gin logs 'Path not found' for every search-path candidate it tries; hide those."""
+
+  def filter(self, record) -> bool:
+    return not str(record.getMessage()).startswith("Path not found:")
+
+
 def parse_gin(files: list[str], bindings: list[str], search_paths: list[str] = ()) -> None:
   """Registers configurables and parses gin files + bindings (also used by `st5 aot` and tests)."""
+  import logging
+
   import gin
 
+  logging.getLogger().addFilter(_QuietIncludes())
   from st5_jax import gin_config
 
   gin_config.register()
