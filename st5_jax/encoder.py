@@ -148,7 +148,11 @@ class SentenceEncoder:
     fmt = detect_format(path)
     if fmt == "savedmodel":
       from st5_jax.export.savedmodel import SavedModelEncoder
-      return SavedModelEncoder(path)
+      fixed = {k: v for k, v in dict(pooling=pooling, max_length=max_length, vocab=vocab).items() if v is not None}
+      if fixed:
+        raise ValueError(f"{', '.join(fixed)} of a SavedModel are fixed at export time; re-export with "
+                         "`st5 export --pooling/--max_length/--vocab` instead.")
+      return SavedModelEncoder(path, batch_size=batch_size)
     config, params, report, fmt = load_model(path, pooling=pooling,
                                              t5_overrides={"dtype": dtype or default_dtype()})
     if max_length is not None:

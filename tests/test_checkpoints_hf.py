@@ -203,3 +203,21 @@ def test_fresh_projection_for_contrastive_training(tmp_path):
   assert report.missing_initialised == ["projection_layer/kernel"]
   assert params["projection_layer"]["kernel"].shape == (32, 24)
   assert np.std(params["projection_layer"]["kernel"]) > 0
+
+
+@pytest.mark.parametrize("acts", [("relu",), ("gelu_exact",), ("gelu",), ("gelu", "linear"), ("relu", "linear")])
+def test_hf_config_round_trips_activations(acts):
+  cfg = configs.t5_size("t5_tiny").replace(mlp_activations=acts)
+  back = hf.t5_config_from_hf(hf.hf_config_from_t5(cfg, encoder_only=True))
+  assert back.mlp_activations == acts
+  # ...and transformers agrees on the function it builds.
+  hf_cfg = transformers.T5Config(**{k: v for k, v in hf.hf_config_from_t5(cfg, encoder_only=True).items()
+                                    if k != "architectures"})
+  assert hf_cfg.is_gated_act == (len(acts) == 2)
+  assert hf_cfg.dense_act_fn == {"relu": "relu", "gelu_exact": "gelu", "gelu": "gelu_new"}[acts[0]]
+
+
+def test_unrepresentable_activations_are_refused():
+  with pytest.raises(ValueError, match="no Hugging Face"):
+    hf.hf_config_from_t5(configs.t5_size("t5_tiny").replace(mlp_activations=("gelu_exact", "linear")),
+                         encoder_only=True)

@@ -115,11 +115,14 @@ def t5_config_from_hf(hf: Mapping[str, Any]) -> T5Config:
 
 
 def hf_config_from_t5(cfg: T5Config, *, encoder_only: bool) -> dict[str, Any]:
-  acts = cfg.mlp_activations
-  if len(acts) == 2:
-    proj = f"gated-{acts[0]}"
-  else:
-    proj = {"gelu_exact": "gelu"}.get(acts[0], acts[0])
+  # Inverse of t5_config_from_hf: HF's "gelu" is exact GELU, its gated "gated-gelu" is the
+  # tanh approximation; other combinations have no HF spelling.
+  acts = tuple(cfg.mlp_activations)
+  to_hf = {("relu",): "relu", ("gelu_exact",): "gelu", ("gelu",): "gelu_new", ("silu",): "silu",
+           ("gelu", "linear"): "gated-gelu", ("relu", "linear"): "gated-relu", ("silu", "linear"): "gated-silu"}
+  if acts not in to_hf:
+    raise ValueError(f"MLP activations {acts} have no Hugging Face T5 feed_forward_proj")
+  proj = to_hf[acts]
   return {
       "architectures": ["T5EncoderModel" if encoder_only else "T5ForConditionalGeneration"],
       "model_type": "t5", "vocab_size": cfg.vocab_size, "d_model": cfg.emb_dim, "d_kv": cfg.head_dim,
