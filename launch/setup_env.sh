@@ -42,3 +42,9 @@ if [ -z "${ST5_DATA_DIR:-}" ] && [ -d "$ST5_ROOT/../shared/data" ]; then
   export ST5_DATA_DIR="$(cd "$ST5_ROOT/../shared/data" && pwd)"
 fi
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-3}"
+# No accelerator here (no TPU device nodes, no NVIDIA driver): use the CPU directly, so an
+# installed libtpu neither probes for TPU hosts nor takes its lockfile.
+if [ -z "${JAX_PLATFORMS:-}" ] && ! ls /dev/accel* /dev/vfio/[0-9]* >/dev/null 2>&1 \
+    && ! command -v nvidia-smi >/dev/null 2>&1; then
+  export JAX_PLATFORMS=cpu
+fi

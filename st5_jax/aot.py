@@ -169,6 +169,26 @@ def abstract_batch(mesh, global_batch_size: int, lengths: dict[str, int]) -> dic
   return batch
 
 
+@dataclasses.dataclass
+class _OomStats:
+  argument_size_in_bytes: int = 0
+  output_size_in_bytes: int = 0
+  alias_size_in_bytes: int = 0
+  temp_size_in_bytes: int = 0
+  generated_code_size_in_bytes: int = 0
+
+
+def _oom_as_memory_stats(message: str) -> _OomStats | None:
+  """'... HLO temporaries (89.30G) exceeds available HBM (30.75G)' -> temporaries of 89.30 GiB."""
+  if "RESOURCE_EXHAUSTED" not in message:
+    return None
+  m = re.search(r"required for ([\w ]+?) \(([\d.]+)([KMGT])\)", message)
+  if not m:
+    return None
+  scale = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}[m[3]]
+  return _OomStats(temp_size_in_bytes=int(float(m[2]) * scale))
+
+
 def compile_for_devices(spec, devices, *, name: str, topology: str, utilisation: float = 0.5) -> AotReport:
   """Compiles `spec`'s train step for `devices` (real, or from a topology description)."""
   import math
@@ -185,11 +205,17 @@ def compile_for_devices(spec, devices, *, name: str, topology: str, utilisation:
   lengths = _feature_lengths(spec.data)
   batch = abstract_batch(mesh, tc.global_batch_size, lengths)
   start = time.perf_counter()
-  with jax.set_mesh(mesh):
-    compiled = setup.step_fn.lower(state, batch).compile()
-  compile_seconds = time.perf_counter() - start
-  mem = compiled.memory_analysis()
   chip = chip_spec(devices[0])
+  with jax.set_mesh(mesh):
+    lowered = setup.step_fn.lower(state, batch)
+    try:
+      mem = lowered.compile().memory_analysis()
+    except jax.errors.JaxRuntimeError as e:
+      # The TPU compiler refuses programs that cannot fit; report it like any other misfit.
+      mem = _oom_as_memory_stats(str(e))
+      if mem is None:
+        raise
+  compile_seconds = time.perf_counter() - start
   step_flops = flops_lib.train_step_flops(spec.model, global_batch_size=tc.global_batch_size, lengths=lengths)
   n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(nn.unbox(abstract_params(spec.model))))
   return AotReport(

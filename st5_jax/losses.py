@@ -48,7 +48,9 @@ def alignment(x_BxD: Array, y_BxD: Array) -> Array:
 def uniformity(x_NxD: Array) -> Array:
   """log E_{i != j} exp(-2 ||x_i - x_j||^2) (lower is better)."""
   N = x_NxD.shape[0]
-  sq_NxN = jnp.sum(jnp.square(x_NxD[:, None, :] - x_NxD[None, :, :]), axis=-1)
+  # |x_i - x_j|^2 from the Gram matrix: [N, N] memory, never [N, N, D].
+  norms_N = jnp.sum(jnp.square(x_NxD), axis=-1)
+  sq_NxN = jnp.maximum(norms_N[:, None] + norms_N[None, :] - 2.0 * (x_NxD @ x_NxD.T), 0.0)
   off_diag = ~jnp.eye(N, dtype=bool)
   # logsumexp over off-diagonal pairs minus log(count): stable for any temperature of the data.
   return jax.nn.logsumexp(jnp.where(off_diag, -2.0 * sq_NxN, -jnp.inf)) - jnp.log(N * (N - 1.0))
@@ -79,7 +81,7 @@ def in_batch_softmax_loss(left_BxD: Array, right_BxD: Array, right_neg_BxD: Arra
       "loss": loss,
       "accuracy": jnp.mean(correct_B.astype(jnp.float32)),
       "positive_similarity": jnp.mean(jnp.diagonal(sims_BxB)),
-      "negative_similarity": jnp.sum(jnp.where(off_diag, sims_BxB, 0.0)) / jnp.maximum(B * (B - 1), 1),
+      "negative_similarity": jnp.sum(jnp.where(off_diag, sims_BxB, 0.0)) / max(B * (B - 1.0), 1.0),
       "alignment": alignment(left_BxD, right_BxD),
       "uniformity": uniformity(jnp.concatenate([left_BxD, right_BxD], axis=0)),
   }

@@ -17,6 +17,10 @@ def maybe_initialize() -> None:
   """
   import jax
 
+  if os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("ST5_MULTIHOST") == "1":
+    if os.environ.get("JAX_PLATFORMS", "").startswith("cpu"):
+      # CPU processes reach each other's devices through gloo (tests, CPU clusters).
+      jax.config.update("jax_cpu_collectives_implementation", "gloo")
   if os.environ.get("JAX_COORDINATOR_ADDRESS"):
     jax.distributed.initialize(coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
                                num_processes=int(os.environ["JAX_NUM_PROCESSES"]),

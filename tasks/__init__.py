@@ -11,7 +11,8 @@ Stage 1 (question-answer pairs, in-batch negatives only):
 
 Stage 2 (NLI triples: premise, entailment, contradiction as hard negative):
   st5_snli_devtest_triples       nli/snli_devtest_triples_derived.csv; train = rows with
-                                 split=dev (3,172), validation = rows with split=test (3,167).
+                                 split=dev (3,172), validation = rows with split=test (3,167),
+                                 all = both (6,339).
   st5_simcse_nli_triples         SimCSE's nli_for_simcse.csv at nli/nli_for_simcse.csv (the paper's 275K).
   st5_user_nli_triples           users' files (gin `st5_jax.data.user_nli_triples` or $ST5_USER_NLI_TRIPLES).
 
@@ -48,6 +49,8 @@ _r.register_mixture(STAGE1_PUBLIC_QA_MIXTURE, list(STAGE1_PUBLIC_TASKS))
 _r.register_public_task(STAGE2_SNLI_TRIPLES, {
     "train": lambda data_dir, **kw: _b.build_shipped_triples(data_dir, "dev", **kw),
     "validation": lambda data_dir, **kw: _b.build_shipped_triples(data_dir, "test", **kw),
+    # Both: the most NLI data available here (the CPU demo run trains on it; it evaluates on STS-B).
+    "all": lambda data_dir, **kw: _b.build_shipped_triples(data_dir, None, **kw),
 }, negatives=True)
 _r.register_public_task(SIMCSE_NLI_TRIPLES, {"train": _b.build_simcse_nli}, negatives=True)
 

@@ -68,12 +68,13 @@ def vocab_dirs(path: str | os.PathLike) -> list[str]:
   return [str(root)] if root else []
 
 
-def checkpoint_manager(directory: str | os.PathLike, **options):
+def checkpoint_manager(directory: str | os.PathLike, *, item_handlers=None, **options):
   import orbax.checkpoint as ocp
   if options.get("read_only"):
     options.setdefault("create", False)
     options.setdefault("save_interval_steps", 0)
-  return ocp.CheckpointManager(os.path.abspath(os.path.join(directory, CHECKPOINT_DIR)),
+  path = str(directory) if "://" in str(directory) else os.path.abspath(str(directory))
+  return ocp.CheckpointManager(epath.Path(path) / CHECKPOINT_DIR, item_handlers=item_handlers,
                                options=ocp.CheckpointManagerOptions(**options))
 
 
@@ -94,11 +95,17 @@ def load_params(path: str | os.PathLike) -> tuple[ST5Config, Any, int]:
   """(config, parameter tree as stored, step) of the latest (or given) step."""
   import orbax.checkpoint as ocp
 
+  import jax
+
   root, step = _step_to_load(path)
   config = read_config(root)
-  mngr = checkpoint_manager(root, read_only=True)
+  mngr = checkpoint_manager(root, read_only=True, item_handlers={"params": ocp.StandardCheckpointHandler()})
   try:
-    restored = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore()))
+    # Restore onto this process's first device whatever mesh wrote it (e.g. a pod slice).
+    meta = mngr.item_metadata(step)["params"]
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), meta)
+    restored = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))
   finally:
     mngr.close()
   return config, restored["params"], step

@@ -1,0 +1,183 @@
+"""Every shipped gin file parses into a sane run; tpu_run.sh commands; the AOT fit check."""
+
+import json
+import math
+import os
+import pathlib
+import shlex
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import pytest
+
+from st5_jax import aot, configs, gin_config, partitioning
+from st5_jax.commands.train import parse_gin
+from st5_jax.model import abstract_params
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+GIN_FILES = sorted(str(p.relative_to(REPO / "gin")) for p in (REPO / "gin").rglob("*.gin"))
+RUN_FILES = [f for f in GIN_FILES if f.startswith("st5_")]
+TPU_RUN = str(REPO / "launch" / "tpu_run.sh")
+
+
+def _spec(name, *bindings):
+  extra = ["run.init_from = '/stage1/workdir'"] if name.endswith("_stage2.gin") else []
+  parse_gin([name], [*extra, *bindings])
+  return gin_config.run_spec()
+
+
+def test_every_gin_file_parses():
+  import gin
+  for name in GIN_FILES:
+    if name.startswith(("models/", "runs/base")):
+      gin_config.register()
+      gin.clear_config()
+      parse_gin(["runs/base.gin", name] if name.startswith("models/") else [name], [])
+    else:
+      _spec(name) if not name.startswith("runs/") else parse_gin([name], [])
+
+
+@pytest.mark.parametrize("name", RUN_FILES)
+def test_run_files_state_what_they_target(name):
+  spec = _spec(name)
+  assert spec.model.pooling in configs.POOLINGS
+  lengths = dict(spec.data.feature_lengths)
+  if name == "st5_tiny_cpu.gin":
+    assert spec.model.t5.dtype == "float32" and spec.data.task == "st5_snli_devtest_triples"
+    return
+  stage2 = name.endswith("_stage2.gin")
+  # Paper: stage 1 QA pairs at batch 2048, stage 2 NLI triples (hard negatives) at 512.
+  assert spec.train_config.global_batch_size == (512 if stage2 else 2048)
+  assert ("negative_targets" in lengths) == stage2
+  assert spec.model.t5.dtype == "bfloat16" and spec.model.t5.scan_layers
+  assert spec.model.pooling == ("encdec_first" if "_encdec" in name else "enc_mean")
+  assert spec.init_from == ("/stage1/workdir" if stage2 else spec.init_from)
+  if not stage2:
+    assert spec.init_from.startswith("gs://t5-data/pretrained_models/t5x/")
+  # The size in the name is the size in the config.
+  size = name.split("_enc")[0][len("st5_"):]
+  assert spec.model.t5 == configs.t5_size("t5_" + size.replace("1_1_", "1_1_"), dtype="bfloat16",
+                                          dropout_rate=spec.model.t5.dropout_rate, scan_layers=True,
+                                          remat_policy=spec.model.t5.remat_policy)
+  # The mesh fills the target slice, and the batch divides over its batch shards.
+  target = spec.target
+  n_chips = int(target["slice"].split("-")[1]) // 2  # v4-N has N/2 chips (megacore devices)
+  assert aot.topology_for_slice(target["slice"]) == target["topology"]
+  shape = spec.mesh.shape(n_chips)
+  assert spec.train_config.global_batch_size % (shape[0] * shape[1]) == 0
+
+
+def test_paper_parameter_counts_of_the_11b_runs():
+  counts = {}
+  for name in ("st5_11b_enc.gin", "st5_11b_encdec.gin"):
+    spec = _spec(name)
+    counts[name] = sum(math.prod(x.shape) for x in jax.tree.leaves(nn.unbox(abstract_params(spec.model))))
+  assert counts["st5_11b_enc.gin"] == pytest.approx(4.86e9 + 1024 * 768, rel=0.005)
+  assert counts["st5_11b_encdec.gin"] == pytest.approx(11.3e9, rel=0.005)
+
+
+def _dry(*args):
+  out = subprocess.run([TPU_RUN, *args, "--dry-run"], capture_output=True, text=True, check=True)
+  return [shlex.split(line) for line in out.stdout.strip().splitlines()]
+
+
+def test_tpu_run_local_mode_finds_gin_and_passes_overrides():
+  (cmd,) = _dry("--gin", "st5_tiny_cpu.gin", "--gin.TrainConfig.num_train_steps=3", "--gin.run.vocab", "'/a b'")
+  assert cmd[:2] == ["st5", "train"]
+  assert cmd[cmd.index("--gin_file") + 1] == str(REPO / "gin" / "st5_tiny_cpu.gin")
+  assert cmd[cmd.index("--workdir") + 1] == str(REPO / "workdirs" / "st5_tiny_cpu")
+  assert cmd[-2:] == ["--gin.TrainConfig.num_train_steps=3", "--gin.run.vocab='/a b'"]
+
+
+def test_tpu_run_errors_are_clear():
+  bad = subprocess.run([TPU_RUN, "--gin", "nope.gin"], capture_output=True, text=True)
+  assert bad.returncode == 2 and "not found" in bad.stderr
+  bad = subprocess.run([TPU_RUN, "--gin", "st5_11b_encdec.gin", "--tpu", "x"], capture_output=True, text=True)
+  assert bad.returncode == 2 and "--zone" in bad.stderr
+
+
+def test_tpu_run_pod_mode_commands_and_quoting(tmp_path):
+  tricky = """--gin.run.init_from='gs://b/it'"'"'s $HOME `x` "q"'"""
+  value = tricky[len("--gin."):]
+  cmds = _dry("--gin", "st5_11b_encdec.gin", "--tpu", "my-tpu", "--zone", "us-central2-b",
+              "--accelerator", "v4-256", "--create", "--project", "p1", "--workdir", "gs://bkt/run",
+              "--gin.TrainConfig.num_train_steps=5", shlex.split(tricky)[0])
+  create, archive, scp, setup, run = cmds
+  assert create[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "create", "my-tpu"]
+  assert create[create.index("--accelerator-type") + 1] == "v4-256"
+  assert archive[:2] == ["git", "-C"] and "archive" in archive
+  assert scp[4] == "scp" and "--worker=all" in scp
+  assert setup[4] == "ssh" and "--worker=all" in setup and "setup_env.sh" in setup[setup.index("--command") + 1]
+  remote = run[run.index("--command") + 1]
+  # Run the remote command with a fake `st5` that records its argv: every override arrives intact.
+  fake = tmp_path / "st5_jax" / ".venv" / "bin" / "st5"
+  fake.parent.mkdir(parents=True)
+  fake.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+  fake.chmod(0o755)
+  out = subprocess.run(["bash", "-c", remote], cwd=tmp_path, capture_output=True, text=True, check=True,
+                       env=dict(os.environ, HOME="/should/not/expand"))
+  argv = json.loads(out.stdout)
+  assert argv[:3] == ["train", "--gin_file", "gin/st5_11b_encdec.gin"]
+  assert argv[argv.index("--workdir") + 1] == "gs://bkt/run"
+  assert argv[-2:] == ["--gin.TrainConfig.num_train_steps=5", "--gin." + shlex.split(value)[0]]
+
+
+TINY_AOT = """
+include 'runs/base.gin'
+include 'models/t5_tiny.gin'
+st5_model.embedding_dim = 32
+st5_model.dtype = 'bfloat16'
+st5_model.scan_layers = True
+st5_model.remat_policy = 'full'
+TASK_FEATURE_LENGTHS = {'inputs': 16, 'targets': 16, 'negative_targets': 16}
+DataConfig.task = 'st5_snli_devtest_triples'
+TrainConfig.global_batch_size = 32
+TrainConfig.num_train_steps = 10
+run.target = {'slice': 'v4-8', 'topology': 'v4:2x2x1'}
+"""
+
+
+def _aot(tmp_path, *extra):
+  gin_file = tmp_path / "tiny_aot.gin"
+  gin_file.write_text(TINY_AOT)
+  env = dict(os.environ)
+  env.pop("JAX_PLATFORMS", None)  # compile-only TPU devices need the TPU plugin
+  return subprocess.run([sys.executable, "-m", "st5_jax.cli", "aot", "--gin", str(gin_file),
+                         "--json", str(tmp_path / "aot.json"), *extra], capture_output=True, text=True, env=env,
+                        timeout=900)
+
+
+def test_aot_compiles_the_real_step_for_a_tpu_topology(tmp_path):
+  out = _aot(tmp_path)
+  assert out.returncode == 0, out.stderr[-3000:]
+  report = json.loads((tmp_path / "aot.json").read_text())
+  assert report["devices"] == 4 and report["device_kind"].startswith("TPU v4")
+  assert report["fits"] and 0 < report["total_bytes"] < report["hbm_bytes"] == 32 * 2 ** 30
+  assert report["argument_bytes"] > 0 and report["step_flops"] > 0
+  assert "per-chip total" in out.stdout
+
+
+def test_aot_exits_nonzero_when_it_does_not_fit(tmp_path):
+  # A v4 chip has 32 GiB; 2M sequences of 512 tokens cannot fit.
+  out = _aot(tmp_path, "--gin.TrainConfig.global_batch_size=2097152",
+             "--gin.TASK_FEATURE_LENGTHS={'inputs': 512, 'targets': 512}")
+  assert out.returncode == 1, out.stderr[-3000:]
+  assert "does NOT fit" in out.stderr
+  assert not json.loads((tmp_path / "aot.json").read_text())["fits"]
+
+
+def test_slice_names():
+  assert aot.topology_for_slice("v4-256") == "v4:4x4x8"
+  assert aot.topology_for_slice("v5p-128") == "v5:4x4x4"
+  assert aot.topology_for_slice("v5e-16") == "v5e:4x4"
+  with pytest.raises(ValueError, match="Unknown slice"):
+    aot.topology_for_slice("tpu-9000")
+
+
+def test_mesh_config_fills_devices():
+  assert partitioning.MeshConfig(-1, 1, 1).shape(8) == (8, 1, 1)
+  assert partitioning.MeshConfig(1, -1, 4).shape(128) == (1, 32, 4)
+  with pytest.raises(partitioning.PartitioningError, match="cannot fill"):
+    partitioning.MeshConfig(-1, 3, 1).shape(8)
