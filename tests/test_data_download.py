@@ -160,7 +160,7 @@ def test_prepare_everything_from_the_local_folder_then_idempotent(data_dir, tmp_
       ("st5_reqa_squad_sentences", "train"): 10522, ("st5_qatar_living_good_answers", "train"): 6483,
       ("st5_qatar_living_perfect_match", "train"): 315, ("st5_trecqa_positives", "train"): 853,
       ("st5_wikiqa_positives", "train"): 1333, ("st5_snli_devtest_triples", "train"): 3172,
-      ("st5_snli_devtest_triples", "validation"): 3167}
+      ("st5_snli_devtest_triples", "validation"): 3167, ("st5_snli_devtest_triples", "all"): 6339}
   first = (out / "prepared" / "st5_trecqa_positives" / "train.jsonl").read_text().split("\n")[0]
   assert json.loads(first)["source"] == "qa_pairs/trecqa_wang/train.csv:2"
   summary = report.summary()

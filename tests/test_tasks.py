@@ -22,7 +22,7 @@ def test_tasks_register_on_import():
   nli = seqio.get_mixture_or_task(tasks.STAGE2_SNLI_TRIPLES)
   assert set(qa.output_features) == {"inputs", "targets"}
   assert set(nli.output_features) == {"inputs", "targets", "negative_targets"}
-  assert nli.splits == ("train", "validation")
+  assert nli.splits == ("train", "validation", "all")
   assert all(f.add_eos for f in nli.output_features.values())
 
 
