@@ -20,6 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
   p.add_argument("--steps", type=int, default=20, help="Timed steps (after one warm-up step).")
   p.add_argument("--dtype", default=None, help="Activation dtype (default: bfloat16 on accelerators, float32 on CPU).")
   p.add_argument("--scan", action="store_true", help="Scan over layers with full remat.")
+  p.add_argument("--dropout", type=float, default=0.0, help="Dropout rate (costly on CPU: random masks).")
   p.add_argument("--grad_cache_chunks", type=int, default=0)
   p.add_argument("--encode_sentences", type=int, default=2048, help="Sentences for the encode benchmark (0: skip).")
   p.add_argument("--json", default=None, help="Also write the figures as JSON.")
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
   dtype = args.dtype or default_dtype()
   model = configs.ST5Config(
-      t5=configs.t5_size(args.size, dtype=dtype, dropout_rate=0.0, scan_layers=args.scan,
+      t5=configs.t5_size(args.size, dtype=dtype, dropout_rate=args.dropout, scan_layers=args.scan,
                          remat_policy="full" if args.scan else "none"),
       pooling=args.pooling, embedding_dim=768 if args.size not in ("t5_tiny", "t5_1_1_tiny") else 32,
       max_length=args.length)
