@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pathlib
 from typing import Any, Callable, Sequence
 
 import jax
@@ -27,7 +26,7 @@ import numpy as np
 from st5_jax import paths
 from st5_jax import vocab as vocab_lib
 from st5_jax.checkpoints import tree
-from st5_jax.configs import ST5Config, T5Config
+from st5_jax.configs import ST5Config
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from st5_jax import losses
-
-LEFT, RIGHT, RIGHT_NEG = "left_encoder_input_tokens", "right_encoder_input_tokens", "right_negative_encoder_input_tokens"
+from st5_jax.features import LEFT, RIGHT, RIGHT_NEG
 
 
 def _split(x, chunks: int):

@@ -23,7 +23,7 @@ import shutil
 import signal
 import tempfile
 import time
-from typing import Any, Callable, Iterator, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import flax
 import flax.linen as nn
@@ -32,17 +32,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from etils import epath
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh
 
 from st5_jax import losses, partitioning
 from st5_jax.checkpoints import native
 from st5_jax.configs import ST5Config
+from st5_jax.features import LEFT, RIGHT, RIGHT_NEG  # noqa: F401  (re-exported for callers)
 from st5_jax.model.st5 import SentenceT5, abstract_params
 from st5_jax.optim import OptimizerConfig, make_optimizer
 
 log = logging.getLogger(__name__)
-
-LEFT, RIGHT, RIGHT_NEG = "left_encoder_input_tokens", "right_encoder_input_tokens", "right_negative_encoder_input_tokens"
 
 
 class NonFiniteLossError(RuntimeError):

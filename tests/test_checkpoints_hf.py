@@ -4,7 +4,6 @@ import json
 import pathlib
 import shutil
 
-import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 import pytest

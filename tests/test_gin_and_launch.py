@@ -181,3 +181,19 @@ def test_mesh_config_fills_devices():
   assert partitioning.MeshConfig(1, -1, 4).shape(128) == (1, 32, 4)
   with pytest.raises(partitioning.PartitioningError, match="cannot fill"):
     partitioning.MeshConfig(-1, 3, 1).shape(8)
+
+
+# The large shipped runs (>= 3B parameters): each must compile for its TPU target and fit.
+LARGE = [f for f in RUN_FILES if f.split("_enc")[0] in ("st5_3b", "st5_11b", "st5_1_1_xl", "st5_1_1_xxl")
+         and not f.endswith("_stage2.gin")]
+
+
+@pytest.mark.parametrize("name", LARGE)
+def test_large_runs_fit_their_tpu_slice(name, tmp_path):
+  env = dict(os.environ)
+  env.pop("JAX_PLATFORMS", None)
+  out = subprocess.run([sys.executable, "-m", "st5_jax.cli", "aot", "--gin", name, "--json", str(tmp_path / "r.json")],
+                       capture_output=True, text=True, env=env, timeout=1800)
+  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+  report = json.loads((tmp_path / "r.json").read_text())
+  assert report["fits"] and report["devices"] >= 32

@@ -1,7 +1,6 @@
 """Contrastive loss against a NumPy re-derivation of the paper's eqs. 13-15."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P

@@ -3,17 +3,14 @@
 import json
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 
-import flax.linen as nn
 import jax
 import numpy as np
-import optax
 import pytest
 
 import synthetic

@@ -31,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
   from st5_jax import aot, gin_config
   from st5_jax.commands.train import gin_overrides, parse_gin
 
-  parse_gin(args.gin_file, gin_overrides(args.extra))
+  # The fit does not depend on the weights: never require or read run.init_from.
+  parse_gin(args.gin_file, ["run.init_from = None", *gin_overrides(args.extra)])
   spec = gin_config.run_spec()
   topology = args.topology or (aot.topology_for_slice(args.slice) if args.slice else None)
   name = " + ".join(os.path.basename(f) for f in args.gin_file)

@@ -13,11 +13,7 @@ from typing import Mapping
 import seqio
 import tensorflow as tf
 
-MODEL_FEATURE_NAMES = {
-    "inputs": "left_encoder_input_tokens",
-    "targets": "right_encoder_input_tokens",
-    "negative_targets": "right_negative_encoder_input_tokens",
-}
+from st5_jax.features import MODEL_FEATURE_NAMES  # noqa: F401  (re-exported)
 
 
 def complete_feature_lengths(feature_lengths: Mapping[str, int], *, negatives: bool) -> dict[str, int]:

@@ -33,6 +33,7 @@ import seqio
 from st5_jax.data import feature_converters
 from st5_jax.data import sources as sources_lib
 from st5_jax.data.rows import RowStats
+from st5_jax.features import LEFT
 
 STATE_VERSION = 1
 DEFAULT_SHUFFLE_BUFFER = 1 << 17
@@ -431,7 +432,6 @@ def dedup_assign(left_BxL: np.ndarray, rights: Sequence[np.ndarray], *, batch_si
   both, else goes to the first batch with room and is counted as unresolved.
   Returns (row indices per batch, rows moved, rows unresolved).
   """
-  n = left_BxL.shape[0]
   batches = [[] for _ in range(num_batches)]
   left_keys = [set() for _ in range(num_batches)]
   right_keys = [set() for _ in range(num_batches)]
@@ -520,7 +520,7 @@ class _BlockMaker:
       end = positions + np.bincount(ids, minlength=len(self.streams))
       if self.dedup:
         rights = [rows[k] for k in ("right_encoder_input_tokens", "right_negative_encoder_input_tokens") if k in rows]
-        index_lists, moved, unresolved = dedup_assign(rows["left_encoder_input_tokens"], rights, batch_size=b,
+        index_lists, moved, unresolved = dedup_assign(rows[LEFT], rights, batch_size=b,
                                                       num_batches=n)
         self.dedup_moved += moved
         self.dedup_unresolved += unresolved
