@@ -281,3 +281,29 @@ def test_gin_overrides_parse():
       "TrainConfig.num_train_steps=5", "run.init_from='a b'"]
   with pytest.raises(SystemExit):
     gin_overrides(["--steps=3"])
+
+
+def test_init_from_a_t5x_checkpoint_resets_the_optimizer(tmp_path, vocab_path, fixtures_dir):
+  """Stage 1 from a real T5X checkpoint (step 1000, with Adafactor state): weights in, fresh optimizer."""
+  import orbax.checkpoint as ocp
+  from st5_jax.checkpoints import t5x
+
+  path = str(fixtures_dir / "t5x_tiny_dual_encoder_checkpoint_1000")
+  t5_cfg, proj_dim, flat = t5x.load(path)
+  model = configs.ST5Config(t5=t5_cfg.replace(dropout_rate=0.0), embedding_dim=proj_dim)
+  _run(tmp_path, vocab_path, model=model, tc=_tc(num_train_steps=2), init_from=path,
+       data=synthetic.factory(vocab=32000))
+  mngr = native.checkpoint_manager(tmp_path, read_only=True)
+  meta = mngr.restore(2, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+  mngr.close()
+  assert meta["step"] == 2
+  _, params = _params(tmp_path)
+  # Trained from the checkpoint's weights: close to them after 2 small steps, not equal.
+  emb0, emb2 = flat["token_embedder/embedding"], params["token_embedder/embedding"]
+  assert not np.array_equal(emb0, emb2) and np.corrcoef(emb0.ravel(), emb2.ravel())[0, 1] > 0.99
+  # The optimizer restarted: Adafactor's count is this run's 2 steps, not the checkpoint's 1000.
+  setup = train.build(model, _tc(num_train_steps=2), partitioning.make_mesh(partitioning.MeshConfig()))
+  mngr = native.checkpoint_manager(tmp_path, read_only=True)
+  state, _ = train.restore_state(mngr, 2, setup)
+  mngr.close()
+  assert int(state.opt_state[0].count) == 2
