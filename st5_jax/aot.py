@@ -74,6 +74,12 @@ def get_topology(topology: str):
   # must neither take it from, nor wait for, other JAX processes, nor ask for GCE metadata.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  # libtpu 0.0.42's convolution cost model recurses deeply on the compiler's fiber stacks
+  # and intermittently overflows them (SIGSEGV) for T5.1.1 XL/XXL-sized dots; larger
+  # fiber stacks avoid it. Must be set before libtpu initialises.
+  flag = "--fibers_default_thread_stack_size="
+  if flag not in os.environ.get("LIBTPU_INIT_ARGS", ""):
+    os.environ["LIBTPU_INIT_ARGS"] = f"{os.environ.get('LIBTPU_INIT_ARGS', '')} {flag}{32 << 20}".strip()
   gen, _, dims = topology.partition(":")
   shape = [int(x) for x in dims.split("x")]
   megacore = gen in ("v4", "v5")
