@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -204,8 +204,7 @@ class SentenceEncoder:
       idx = order[start:start + batch_size]
       L = length_bucket(max(len(rows[i]) for i in idx), self.config.max_length)
       # Pad the batch dimension to a power of two (at most batch_size) to bound recompiles.
-      B = min(batch_size, length_bucket(len(idx), 1 << 30) if len(idx) > MIN_BUCKET else MIN_BUCKET)
-      B = max(B, len(idx))
+      B = max(len(idx), min(batch_size, length_bucket(len(idx), 1 << 30)))
       tokens_BxL = vocab_lib.pad_batch([rows[i] for i in idx] + [[]] * (B - len(idx)), L)
       out_NxD[idx] = self.encode_tokens(tokens_BxL)[: len(idx)]
       if progress:
@@ -216,7 +215,3 @@ class SentenceEncoder:
 
   __call__ = encode
 
-
-def encoder_fn(path: str, **kw) -> Callable[[Sequence[str]], np.ndarray]:
-  """A plain `encode(list[str]) -> np.ndarray` callable (for st5_jax.evaluation)."""
-  return SentenceEncoder.load(path, **kw).encode

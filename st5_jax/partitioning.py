@@ -111,10 +111,6 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def logical_to_mesh_spec(logical: Sequence[str | None], rules=DEFAULT_RULES) -> P:
-  return nn.logical_to_mesh_axes(tuple(logical), rules)
-
-
 def param_specs(boxed_params: Any, rules=DEFAULT_RULES) -> Any:
   """Mesh PartitionSpecs of a boxed (logically annotated) parameter tree."""
   return nn.logical_to_mesh(nn.get_partition_spec(boxed_params), rules)
