@@ -499,13 +499,3 @@ class RowReader:
         return f"field {key!r} is not a string"
       out[feature] = clean_text(value)
     return out
-
-  def count(self, *, shard_index: int = 0, num_shards: int = 1, stats: RowStats | None = None,
-            limit: int | None = None) -> int:
-    """Number of examples in a shard (stops early once it exceeds `limit`)."""
-    n = 0
-    for _ in self.iter_examples(shard_index=shard_index, num_shards=num_shards, stats=stats):
-      n += 1
-      if limit is not None and n > limit:
-        break
-    return n
