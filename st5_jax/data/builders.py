@@ -380,13 +380,19 @@ def iter_nli_jsonl(path: str, *, stats: RowStats, strict: bool = False) -> Itera
     if label == "-":
       stats.filter("no gold label")
       continue
-    if label not in NLI_LABELS:
-      _bad(stats, strict, where, f"label {label!r} outside {list(NLI_LABELS)}", kind="label out of range")
-      continue
-    if not premise or not hypothesis:
-      _bad(stats, strict, where, "empty text", kind="empty text")
-      continue
-    yield premise, hypothesis, label, where
+    if _nli_row_ok(premise, hypothesis, label, where, stats=stats, strict=strict):
+      yield premise, hypothesis, label, where
+
+
+def _nli_row_ok(premise: str, hypothesis: str, label: str, where: str, *, stats: RowStats, strict: bool) -> bool:
+  """Counts (or, in strict mode, raises on) a labelled NLI pair that cannot be used."""
+  if label not in NLI_LABELS:
+    _bad(stats, strict, where, f"label {label!r} outside {list(NLI_LABELS)}", kind="label out of range")
+    return False
+  if not premise or not hypothesis:
+    _bad(stats, strict, where, "empty text", kind="empty text")
+    return False
+  return True
 
 
 def iter_nli_senteval(directory: str, split: str, *, stats: RowStats,
@@ -408,13 +414,8 @@ def iter_nli_senteval(directory: str, split: str, *, stats: RowStats,
       _bad(stats, strict, where, error, kind="undecodable bytes")
       continue
     premise, hypothesis, label = s1.strip(), s2.strip(), lab.strip()
-    if label not in NLI_LABELS:
-      _bad(stats, strict, where, f"label {label!r} outside {list(NLI_LABELS)}", kind="label out of range")
-      continue
-    if not premise or not hypothesis:
-      _bad(stats, strict, where, "empty text", kind="empty text")
-      continue
-    yield premise, hypothesis, label, where
+    if _nli_row_ok(premise, hypothesis, label, where, stats=stats, strict=strict):
+      yield premise, hypothesis, label, where
 
 
 def _iter_sick_labelled(path: str, *, stats: RowStats, strict: bool) -> Iterator[tuple[str, str, str, str]]:
