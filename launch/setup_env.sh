@@ -21,9 +21,20 @@ fi
 # shellcheck disable=SC1091
 source "$ST5_ROOT/.venv/bin/activate"
 
-stamp_key="$(cat "$ST5_ROOT/pyproject.toml" "$ST5_ROOT/requirements/lock.txt" | sha256sum | cut -c1-16)-${ST5_EXTRAS//,/_}"
-stamp="$ST5_ROOT/.venv/.st5-installed-$stamp_key"
+# The stamp names the pyproject/lock hash and lists the extras installed with them; a
+# request for a subset of those extras (e.g. the launcher inside the test venv) is met.
+stamp="$ST5_ROOT/.venv/.st5-installed-$(cat "$ST5_ROOT/pyproject.toml" "$ST5_ROOT/requirements/lock.txt" | sha256sum | cut -c1-16)"
+need_install=0
 if [ ! -f "$stamp" ]; then
+  need_install=1
+else
+  for extra in ${ST5_EXTRAS//,/ }; do
+    grep -qx "$extra" "$stamp" || need_install=1
+  done
+fi
+if [ "$need_install" = 1 ]; then
+  # Keep the extras already installed with this lock (installing fewer never removes any).
+  [ -f "$stamp" ] && ST5_EXTRAS="$(sort -u <(tr ',' '\n' <<< "$ST5_EXTRAS") "$stamp" | grep -v '^$' | paste -sd, -)"
   echo "[setup] installing st5_jax${ST5_EXTRAS:+[$ST5_EXTRAS]} into .venv (first run takes a few minutes)" >&2
   python -m pip install --quiet --upgrade pip
   if [[ ",$ST5_EXTRAS," == *",test,"* ]]; then
@@ -34,7 +45,7 @@ if [ ! -f "$stamp" ]; then
   [ -n "$ST5_EXTRAS" ] && spec="$ST5_ROOT[$ST5_EXTRAS]"
   python -m pip install --quiet -c "$ST5_ROOT/requirements/lock.txt" -e "$spec"
   rm -f "$ST5_ROOT"/.venv/.st5-installed-*
-  touch "$stamp"
+  tr ',' '\n' <<< "$ST5_EXTRAS" | grep -v '^$' > "$stamp" || true
 fi
 
 # Public data and the vocabulary: ../shared/data beside the checkout unless set.

@@ -1,5 +1,9 @@
 """Sentence-T5 sentence encoders in JAX/Flax."""
 
+# The path layer first: it derives every GCS client's settings (e.g. from an emulator's
+# STORAGE_EMULATOR_HOST) before any of those clients is imported.
+from st5_jax import paths as _paths  # noqa: F401
+
 __version__ = "0.1.0"
 
 

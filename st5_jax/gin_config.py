@@ -11,7 +11,6 @@ import os
 from typing import Any
 
 import gin
-from etils import epath
 
 from st5_jax import configs, optim, partitioning, paths, train
 
@@ -43,6 +42,8 @@ def register() -> None:
   gin.external_configurable(train.DataConfig, "DataConfig")
   gin.external_configurable(partitioning.MeshConfig, "MeshConfig")
   gin.external_configurable(partitioning.rules_from_pairs, "logical_rules")
+  # Data configurables (st5_jax.data.options, user_qa_pairs, ...) must exist before parsing.
+  import st5_jax.data.registry  # noqa: F401  pylint: disable=g-import-not-at-top
   _REGISTERED = True
 
 
@@ -83,12 +84,10 @@ def train_from_gin(*, workdir: str, progress: bool = True) -> train.TrainResult:
   spec = run_spec()
   vocab_file = paths.vocab_path(spec.vocab)
   eval_data_dir = spec.eval_data_dir or os.environ.get(paths.DATA_DIR_ENV)
-  wd = epath.Path(workdir)  # local or gs://
   if jax.process_index() == 0:
-    wd.mkdir(parents=True, exist_ok=True)
-    (wd / "config.gin").write_text(gin.config_str())
-    (wd / "operative_config.gin").write_text(gin.operative_config_str())
-  return train.train(workdir=wd, model_config=spec.model, train_config=spec.train_config,
+    paths.write_text(paths.join(workdir, "config.gin"), gin.config_str())
+    paths.write_text(paths.join(workdir, "operative_config.gin"), gin.operative_config_str())
+  return train.train(workdir=workdir, model_config=spec.model, train_config=spec.train_config,
                      make_iterator=spec.data, mesh_config=spec.mesh, init_from=spec.init_from,
                      init_projection=spec.init_projection, vocab_file=vocab_file, eval_data_dir=eval_data_dir,
                      rules=spec.rules, progress=progress, run_info={"target": spec.target} if spec.target else None)

@@ -1,57 +1,311 @@
-"""Where public data, the vocabulary and test fixtures live.
+"""The path layer: every file the project reads or writes, local or on gs://.
 
-Nothing is downloaded implicitly: every location comes from an argument, an
-environment variable, or a documented default, and a missing file is an error that
-says which variable to set.
+Work dirs, checkpoints, `init_from`, model folders, vocabularies, data and eval dirs,
+users' task files, metrics and exports all go through this module. A path is an
+`etils.epath.Path`; `is_remote` is the one place that tells a URL from a local path.
+
+gs:// is served by fsspec's gcsfs (through epath) for files and by tensorstore for
+arrays (orbax, legacy T5X zarr), the same clients on a TPU VM as against an emulator.
+TensorFlow's own GCS client (tf.io.gfile) is not used for our files: it cannot be
+pointed at an emulator, so what the rehearsal proves would not be what runs.
+
+Emulator: set only `STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT` (as
+google-cloud-storage and gcsfs read it); `configure_gcs()` (run on import of st5_jax)
+derives what the other libraries need from it:
+  TENSORSTORE_GCS_HTTP_URL   tensorstore's GCS endpoint (orbax arrays, T5X zarr)
+  GCE_METADATA_ROOT, NO_GCE_CHECK
+                             credential discovery asks the emulator, never the
+                             metadata server at 169.254.169.254
+  fsspec gs/gcs token=anon   gcsfs sends no credentials
+  GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false
+                             no gRPC bucket-type probe (the emulator speaks HTTP only)
+
+Where the public data and the vocabulary live is resolved here too: an argument, a
+model folder, $ST5_VOCAB, $ST5_DATA_DIR (each local or gs://), never implicitly
+downloaded; a missing file is an error that says which variable to set.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
+import glob as glob_lib
+import hashlib
 import os
-import pathlib
+import shutil
+import tempfile
+from typing import IO, Iterator, Union
 
+EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 VOCAB_ENV = "ST5_VOCAB"
 DATA_DIR_ENV = "ST5_DATA_DIR"
 VOCAB_RELPATH = "t5_spiece/spiece.model"
 # The file name the T5 vocabulary has in Hugging Face, T5X and our own model folders.
 VOCAB_BASENAME = "spiece.model"
+LAYOUT_HINT = ("the layout `st5 data prepare --out DIR` writes (sts12-16/, stsb/, sick/, senteval_transfer/, "
+               "glue/, nli/, qa_pairs/, t5_spiece/spiece.model; see docs/data.md)")
+
+
+def configure_gcs() -> None:
+  """Derives every library's GCS settings from $STORAGE_EMULATOR_HOST (idempotent).
+
+  Without the emulator variable, gs:// goes to Google Cloud Storage with the machine's
+  default credentials. Must run before gcsfs is imported (it reads its switches then).
+  """
+  # One GCS file client everywhere (epath's fsspec backend, i.e. gcsfs), not TF's.
+  os.environ.setdefault("EPATH_USE_TF", "false")
+  host = os.environ.get(EMULATOR_ENV)
+  if not host:
+    return
+  url = host if "://" in host else f"http://{host}"
+  netloc = url.split("://", 1)[1].rstrip("/")
+  os.environ["TENSORSTORE_GCS_HTTP_URL"] = url
+  os.environ["GCE_METADATA_ROOT"] = netloc
+  os.environ["NO_GCE_CHECK"] = "true"
+  os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+  import fsspec  # pylint: disable=g-import-not-at-top  (only with an emulator)
+  for protocol in ("gs", "gcs"):
+    fsspec.config.conf.setdefault(protocol, {})["token"] = "anon"
+
+
+configure_gcs()
+
+from etils import epath  # noqa: E402  (after configure_gcs: epath reads EPATH_USE_TF on first use)
+
+Path = epath.Path
+PathLike = Union[str, os.PathLike]
 
 
 class MissingFileError(FileNotFoundError):
   """A required input file is absent; the message says how to provide it."""
 
 
-def data_dir(explicit: str | os.PathLike | None = None, *, required: bool = True) -> pathlib.Path | None:
-  """The folder of public data (layout of ../shared/data or `st5 data prepare --out`)."""
+# ---------------------------------------------------------------------------- paths
+
+
+def is_remote(p: PathLike) -> bool:
+  """True for URLs (gs://, s3://, ...); the only such test in the project."""
+  return "://" in os.fspath(p)
+
+
+def path(p: PathLike) -> epath.Path:
+  """An epath.Path; local paths are made absolute (`~` expanded)."""
+  if isinstance(p, epath.Path) and is_remote(p):
+    return p
+  s = os.fspath(p)
+  if is_remote(s):
+    return epath.Path(s)
+  return epath.Path(os.path.abspath(os.path.expanduser(s)))
+
+
+def join(p: PathLike, *parts: str) -> str:
+  return os.fspath(path(p).joinpath(*parts))
+
+
+def exists(p: PathLike) -> bool:
+  return path(p).exists()
+
+
+def is_file(p: PathLike) -> bool:
+  q = path(p)
+  return q.exists() and not q.is_dir()
+
+
+def is_dir(p: PathLike) -> bool:
+  return path(p).is_dir()
+
+
+def size(p: PathLike) -> int:
+  return int(path(p).stat().length)
+
+
+def read_bytes(p: PathLike) -> bytes:
+  return path(p).read_bytes()
+
+
+def read_text(p: PathLike, encoding: str = "utf-8") -> str:
+  """The file's text with line endings untouched (no universal-newline translation)."""
+  return path(p).read_bytes().decode(encoding)
+
+
+def read_head(p: PathLike, n: int) -> bytes:
+  with path(p).open("rb") as f:
+    return f.read(n)
+
+
+def open_file(p: PathLike, mode: str = "rb") -> IO:
+  return path(p).open(mode)
+
+
+def write_bytes(p: PathLike, data: bytes) -> None:
+  """Writes atomically where the filesystem allows (local: temp file + rename)."""
+  q = path(p)
+  q.parent.mkdir(parents=True, exist_ok=True)
+  if is_remote(q):  # GCS objects appear whole on close
+    q.write_bytes(data)
+    return
+  tmp = q.parent / f".{q.name}.tmp-{os.getpid()}"
+  tmp.write_bytes(data)
+  tmp.replace(q)
+
+
+def write_text(p: PathLike, text: str, encoding: str = "utf-8") -> None:
+  write_bytes(p, text.encode(encoding))
+
+
+def mkdir(p: PathLike) -> epath.Path:
+  q = path(p)
+  q.mkdir(parents=True, exist_ok=True)
+  return q
+
+
+def glob(pattern: PathLike) -> list[str]:
+  """Files matching a glob (local or gs://), sorted."""
+  s = os.fspath(pattern)
+  if not is_remote(s):
+    return sorted(glob_lib.glob(os.path.expanduser(s)))
+  # Split at the first wildcard: list from the fixed prefix, match the rest.
+  parts = s.split("/")
+  fixed = []
+  for part in parts:
+    if any(c in part for c in "*?["):
+      break
+    fixed.append(part)
+  if len(fixed) == len(parts):
+    return [s] if exists(s) else []
+  base = path("/".join(fixed))
+  rest = "/".join(parts[len(fixed):])
+  if not base.exists():
+    return []
+  return sorted(os.fspath(m) for m in base.glob(rest) if fnmatch.fnmatch(os.fspath(m), s))
+
+
+def walk_files(p: PathLike) -> Iterator[tuple[str, epath.Path]]:
+  """(relative path, file) of every file under a directory."""
+  root = path(p)
+  for dirpath, _, files in root.walk():
+    for name in files:
+      f = epath.Path(dirpath) / name
+      yield os.path.relpath(os.fspath(f), os.fspath(root)), f
+
+
+def copy_tree(src: PathLike, dst: PathLike) -> None:
+  """Copies a directory tree between any two locations (local <-> gs://)."""
+  for rel, f in walk_files(src):
+    out = path(dst) / rel
+    out.parent.mkdir(parents=True, exist_ok=True)
+    f.copy(out, overwrite=True)
+
+
+def remove_tree(p: PathLike) -> None:
+  q = path(p)
+  if q.exists():
+    q.rmtree()
+
+
+_LOCAL_CACHE: dict[str, str] = {}
+
+
+def local_dir(p: PathLike) -> str:
+  """A local directory with the contents of `p`: `p` itself, or a per-process copy of a remote one.
+
+  For libraries that only open local files (SavedModel loading, safetensors, torch). The
+  copy is made once per process and removed at exit.
+  """
+  if not is_remote(p):
+    return os.fspath(path(p))
+  key = os.fspath(path(p))
+  if key not in _LOCAL_CACHE or not os.path.isdir(_LOCAL_CACHE[key]):
+    tmp = tempfile.mkdtemp(prefix=f"st5_{hashlib.sha1(key.encode()).hexdigest()[:8]}_")
+    copy_tree(key, tmp)
+    _LOCAL_CACHE[key] = tmp
+    import atexit  # pylint: disable=g-import-not-at-top
+    atexit.register(shutil.rmtree, tmp, True)
+  return _LOCAL_CACHE[key]
+
+
+def local_file(p: PathLike) -> str:
+  """A local copy of a remote file (once per process), or the local file itself."""
+  if not is_remote(p):
+    return os.fspath(path(p))
+  key = os.fspath(path(p))
+  if key not in _LOCAL_CACHE or not os.path.isfile(_LOCAL_CACHE[key]):
+    tmp = tempfile.mkdtemp(prefix=f"st5_{hashlib.sha1(key.encode()).hexdigest()[:8]}_")
+    local = os.path.join(tmp, path(p).name)
+    with open(local, "wb") as f:
+      f.write(read_bytes(key))
+    _LOCAL_CACHE[key] = local
+    import atexit  # pylint: disable=g-import-not-at-top
+    atexit.register(shutil.rmtree, tmp, True)
+  return _LOCAL_CACHE[key]
+
+
+@contextlib.contextmanager
+def staged_output(out: PathLike, *, prefix: str = "st5_out_") -> Iterator[str]:
+  """A local directory to write into; copied to a remote `out` when the block succeeds.
+
+  For writers that only write local files (SavedModel, sentence-transformers folders).
+  A local `out` is left to the caller (it writes next to it and renames atomically).
+  """
+  if not is_remote(out):
+    yield os.fspath(path(out))
+    return
+  tmp = tempfile.mkdtemp(prefix=prefix)
+  try:
+    target = os.path.join(tmp, "out")
+    yield target
+    remove_tree(out)
+    copy_tree(target, out)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def tensorstore_kvstore(p: PathLike) -> dict:
+  """A tensorstore kvstore spec for a directory (`file` locally, `gcs` for gs://)."""
+  s = os.fspath(path(p))
+  if s.startswith("gs://"):
+    bucket, _, prefix = s[len("gs://"):].partition("/")
+    return {"driver": "gcs", "bucket": bucket, "path": prefix}
+  if is_remote(s):
+    raise ValueError(f"{s}: only local paths and gs:// are supported for arrays")
+  return {"driver": "file", "path": s}
+
+
+# --------------------------------------------------------------- data and vocabulary
+
+
+def data_dir(explicit: PathLike | None = None, *, required: bool = True) -> epath.Path | None:
+  """The folder of public data ($ST5_DATA_DIR unless given), local or gs://."""
   value = explicit or os.environ.get(DATA_DIR_ENV)
   if not value:
     if required:
       raise MissingFileError(
-          f"No data directory given. Pass --data_dir, or set {DATA_DIR_ENV} to a folder "
-          "laid out like ../shared/data (for example one written by `st5 data prepare --out DIR`).")
+          f"No data directory given. Pass --data_dir, or set {DATA_DIR_ENV} to a folder (local or gs://) in "
+          f"{LAYOUT_HINT}.")
     return None
-  path = pathlib.Path(value).expanduser()
-  if required and not path.is_dir():
-    raise MissingFileError(f"Data directory {path} does not exist (from {'argument' if explicit else DATA_DIR_ENV}).")
-  return path
+  p = path(value)
+  if required and not p.is_dir():
+    raise MissingFileError(f"Data directory {p} does not exist (from {'argument' if explicit else DATA_DIR_ENV}). "
+                           f"It should be a folder in {LAYOUT_HINT}.")
+  return p
 
 
-def vocab_path(explicit: str | os.PathLike | None = None, *, model_dir: str | os.PathLike | None = None) -> str:
+def vocab_path(explicit: PathLike | None = None, *, model_dir: PathLike | None = None) -> str:
   """Resolves the SentencePiece model: argument, model folder, $ST5_VOCAB, $ST5_DATA_DIR."""
   tried = []
   candidates = []
   if explicit:
-    candidates.append(("argument", str(explicit)))
-  if model_dir and not str(model_dir).startswith("gs://"):
+    candidates.append(("argument", os.fspath(explicit)))
+  if model_dir:
     for sub in ("", "assets", "0_Transformer", "0_T5"):
-      candidates.append(("model folder", str(pathlib.Path(model_dir) / sub / VOCAB_BASENAME)))
+      candidates.append(("model folder", join(model_dir, *([sub] if sub else []), VOCAB_BASENAME)))
   if os.environ.get(VOCAB_ENV):
     candidates.append((VOCAB_ENV, os.environ[VOCAB_ENV]))
   if os.environ.get(DATA_DIR_ENV):
-    candidates.append((DATA_DIR_ENV, str(pathlib.Path(os.environ[DATA_DIR_ENV]) / VOCAB_RELPATH)))
+    candidates.append((DATA_DIR_ENV, join(os.environ[DATA_DIR_ENV], VOCAB_RELPATH)))
   for source, candidate in candidates:
-    if candidate.startswith("gs://") or os.path.isfile(candidate):
-      return candidate
+    if is_file(candidate):
+      return os.fspath(path(candidate))
     tried.append(f"{candidate} ({source})")
     if source == "argument":
       raise MissingFileError(f"Vocabulary file {candidate} does not exist.")

@@ -24,12 +24,7 @@ EXTRA_IDS = 100
 
 @functools.lru_cache(maxsize=8)
 def _processor(path: str) -> spm.SentencePieceProcessor:
-  if path.startswith("gs://"):
-    import tensorflow as tf  # only remote paths need tf.io.gfile.
-    with tf.io.gfile.GFile(path, "rb") as f:
-      proto = f.read()
-    return spm.SentencePieceProcessor(model_proto=proto)
-  return spm.SentencePieceProcessor(model_file=path)
+  return spm.SentencePieceProcessor(model_proto=paths.read_bytes(path))  # local or gs://
 
 
 class Tokenizer:

@@ -53,3 +53,14 @@ def fixtures_dir() -> pathlib.Path:
 @pytest.fixture(scope="session")
 def vocab_path() -> str:
   return str(_require(pathlib.Path(VOCAB)))
+
+
+@pytest.fixture(scope="session")
+def gcs():
+  """A GCS emulator on 127.0.0.1 that this process (and subprocesses given `gcs.env()`) use for gs://."""
+  from gcs_emulator import GcsEmulator
+
+  emulator = GcsEmulator()
+  emulator.activate()
+  yield emulator
+  emulator.stop()

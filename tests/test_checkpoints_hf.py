@@ -10,7 +10,8 @@ import pytest
 import torch
 import transformers
 
-from st5_jax import SentenceEncoder, configs, encoder as encoder_lib
+from st5_jax import SentenceEncoder, configs
+from st5_jax.checkpoints import loader
 from st5_jax.checkpoints import hf, tree
 from st5_jax.model import SentenceT5, T5
 
@@ -89,7 +90,7 @@ def test_st5_poolings_match_transformers(tmp_path, vocab_path, version):
       "encdec_first": dec,
   }
   for pooling, want in expected.items():
-    cfg, params, report, fmt = encoder_lib.load_model(folder, pooling=pooling, embedding_dim=None)
+    cfg, params, report, fmt = loader.load_model(folder, pooling=pooling, embedding_dim=None)
     assert fmt == "hf" and cfg.embedding_dim is None
     if pooling != "encdec_first":
       assert any(k.startswith("decoder/") for k in report.unused)
@@ -198,7 +199,7 @@ def test_export_names_round_trip(tmp_path):
 
 def test_fresh_projection_for_contrastive_training(tmp_path):
   folder, _ = _save_hf(tmp_path, "1.0")
-  cfg, params, report, _ = encoder_lib.load_model(folder, embedding_dim=24)
+  cfg, params, report, _ = loader.load_model(folder, embedding_dim=24)
   assert report.missing_initialised == ["projection_layer/kernel"]
   assert params["projection_layer"]["kernel"].shape == (32, 24)
   assert np.std(params["projection_layer"]["kernel"]) > 0

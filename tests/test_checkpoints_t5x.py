@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 
-from st5_jax import encoder as encoder_lib
+from st5_jax.checkpoints import loader
 from st5_jax.checkpoints import hf, t5x, tree
 from st5_jax.model import SentenceT5, T5
 
@@ -39,13 +39,13 @@ def _tokens(vocab_path):
 
 def test_dual_encoder_fixture(fixtures_dir, vocab_path):
   path = fixtures_dir / DUAL
-  assert encoder_lib.detect_format(path) == "t5x"
+  assert loader.detect_format(path) == "t5x"
   cfg, proj_dim, flat = t5x.load(path)
   assert (cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim, cfg.num_encoder_layers) == (4, 2, 2, 8, 2)
   assert cfg.mlp_activations == ("relu",) and proj_dim == 768
   assert flat["token_embedder/embedding"].shape == (32128, 4)  # read from zarr via tensorstore
 
-  st5_cfg, params, report, fmt = encoder_lib.load_model(path)
+  st5_cfg, params, report, fmt = loader.load_model(path)
   assert st5_cfg.embedding_dim == 768 and not report.unexpected and not report.missing_initialised
   tokens = _tokens(vocab_path)
   ours = np.asarray(SentenceT5(st5_cfg).apply({"params": params}, jnp.asarray(tokens)))
@@ -62,7 +62,7 @@ def test_dual_encoder_fixture(fixtures_dir, vocab_path):
 
 def test_t5_1_1_encoder_decoder_fixture(fixtures_dir, vocab_path):
   path = fixtures_dir / ENCDEC
-  assert encoder_lib.detect_format(path) == "t5x"
+  assert loader.detect_format(path) == "t5x"
   cfg, proj_dim, flat = t5x.load(path)
   assert (cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim) == (8, 4, 3, 16)
   assert cfg.mlp_activations == ("gelu", "linear") and not cfg.logits_via_embedding and proj_dim is None
@@ -82,7 +82,7 @@ def test_t5_1_1_encoder_decoder_fixture(fixtures_dir, vocab_path):
 
   # As a sentence encoder: all three poolings load (the decoder only for encdec_first).
   for pooling in ("enc_first", "enc_mean", "encdec_first"):
-    st5_cfg, p, report, _ = encoder_lib.load_model(path, pooling=pooling)
+    st5_cfg, p, report, _ = loader.load_model(path, pooling=pooling)
     assert "decoder/logits_dense/kernel" in report.unused
     emb = SentenceT5(st5_cfg).apply({"params": p}, jnp.asarray(tokens))
     assert emb.shape == (3, 8) and np.allclose(np.linalg.norm(emb, axis=-1), 1, atol=1e-5)
@@ -92,6 +92,6 @@ def test_not_a_checkpoint_is_a_clear_error(tmp_path):
   bogus = tmp_path / "checkpoint"
   bogus.write_bytes(b"not msgpack at all")
   with pytest.raises(ValueError, match="Cannot tell the format"):
-    encoder_lib.detect_format(tmp_path)
+    loader.detect_format(tmp_path)
   with pytest.raises(FileNotFoundError, match="does not exist"):
-    encoder_lib.detect_format(tmp_path / "nothing")
+    loader.detect_format(tmp_path / "nothing")

@@ -22,7 +22,7 @@ import pytest
 
 from st5_jax import SentenceEncoder, cli, configs, paths, vocab
 from st5_jax.checkpoints import native, tree
-from st5_jax.encoder import detect_format, load_model
+from st5_jax.checkpoints.loader import detect_format, load_model
 from st5_jax.export import export_model, savedmodel
 from st5_jax.model import init_params
 

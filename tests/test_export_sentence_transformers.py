@@ -10,7 +10,7 @@ import pytest
 
 from st5_jax import SentenceEncoder, cli, configs
 from st5_jax.checkpoints import native
-from st5_jax.encoder import detect_format
+from st5_jax.checkpoints.loader import detect_format
 from st5_jax.export import export_model, model_card
 from st5_jax.export.sentence_transformers import UnsupportedExportError
 from st5_jax.model import init_params

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from st5_jax import paths
 from st5_jax.configs import T5Config
 
 _ATTN = {"q": "query", "k": "key", "v": "value", "o": "out"}
@@ -180,13 +181,14 @@ def read_state_dict(folder: str | os.PathLike, *, prefix: str = "") -> dict[str,
   raise FileNotFoundError(f"No *.safetensors or pytorch_model*.bin weights in {folder}")
 
 
-def is_hf_t5_folder(path: str | os.PathLike) -> bool:
-  cfg = pathlib.Path(path) / "config.json"
-  if not cfg.is_file():
+def is_hf_t5_folder(path: paths.PathLike) -> bool:
+  """A folder (local or gs://) whose config.json says model_type t5/mt5."""
+  cfg = paths.join(path, "config.json")
+  if not paths.is_file(cfg):
     return False
   try:
-    return json.loads(cfg.read_text()).get("model_type") in ("t5", "mt5")
-  except json.JSONDecodeError:
+    return json.loads(paths.read_text(cfg)).get("model_type") in ("t5", "mt5")
+  except (ValueError, UnicodeDecodeError, AttributeError):
     return False
 
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 from typing import Any
 
+import jax
 import numpy as np
-from etils import epath
+import orbax.checkpoint as ocp
 
+from st5_jax import paths
 from st5_jax.checkpoints.tree import flatten, unstack_layers
 from st5_jax.configs import ST5Config
 
@@ -31,75 +32,58 @@ CHECKPOINT_DIR = "checkpoints"
 VOCAB_FILE = "spiece.model"
 
 
-def _root(path: str | os.PathLike) -> pathlib.Path | None:
-  """The model folder for `path`, which may also be one of its step directories."""
-  p = pathlib.Path(path)
-  if (p / CONFIG_FILE).is_file():
-    return p
-  if p.name.isdigit() and (p.parent.parent / CONFIG_FILE).is_file():
-    return p.parent.parent
+def root(path: paths.PathLike) -> str | None:
+  """The model folder for `path` (which may also be one of its step directories), or None."""
+  p = paths.path(path)
+  if paths.is_file(p / CONFIG_FILE):
+    return os.fspath(p)
+  if p.name.isdigit() and paths.is_file(p.parent.parent / CONFIG_FILE):
+    return os.fspath(p.parent.parent)
   return None
 
 
-def is_native(path: str | os.PathLike) -> bool:
-  return not str(path).startswith("gs://") and _root(path) is not None
+def read_config(path: paths.PathLike) -> ST5Config:
+  return ST5Config.from_dict(json.loads(paths.read_text(paths.join(root(path), CONFIG_FILE))))
 
 
-def read_config(path: str | os.PathLike) -> ST5Config:
-  return ST5Config.from_dict(json.loads((_root(path) / CONFIG_FILE).read_text()))
+def write_config(directory: paths.PathLike, config: ST5Config) -> None:
+  paths.write_text(paths.join(directory, CONFIG_FILE), config.to_json())
 
 
-def write_config(directory: str | os.PathLike, config: ST5Config) -> None:
-  d = epath.Path(directory)  # local or gs://
-  d.mkdir(parents=True, exist_ok=True)
-  tmp = d / (CONFIG_FILE + ".tmp")
-  tmp.write_text(config.to_json())
-  tmp.replace(d / CONFIG_FILE)
+def copy_vocab(directory: paths.PathLike, vocab_file: str) -> None:
+  dst = paths.join(directory, VOCAB_FILE)
+  if not paths.exists(dst):
+    paths.write_bytes(dst, paths.read_bytes(vocab_file))
 
 
-def copy_vocab(directory: str | os.PathLike, vocab_file: str) -> None:
-  dst = epath.Path(directory) / VOCAB_FILE
-  if not dst.exists():
-    dst.write_bytes(epath.Path(vocab_file).read_bytes())
-
-
-def vocab_dirs(path: str | os.PathLike) -> list[str]:
-  root = _root(path)
-  return [str(root)] if root else []
-
-
-def checkpoint_manager(directory: str | os.PathLike, *, item_handlers=None, **options):
-  import orbax.checkpoint as ocp
+def checkpoint_manager(directory: paths.PathLike, *, item_handlers=None, **options) -> ocp.CheckpointManager:
   if options.get("read_only"):
     options.setdefault("create", False)
     options.setdefault("save_interval_steps", 0)
-  path = str(directory) if "://" in str(directory) else os.path.abspath(str(directory))
-  return ocp.CheckpointManager(epath.Path(path) / CHECKPOINT_DIR, item_handlers=item_handlers,
+  return ocp.CheckpointManager(paths.path(directory) / CHECKPOINT_DIR, item_handlers=item_handlers,
                                options=ocp.CheckpointManagerOptions(**options))
 
 
-def _step_to_load(path: str | os.PathLike) -> tuple[pathlib.Path, int]:
-  root = _root(path)
-  p = pathlib.Path(path)
-  if p != root:  # a step directory was given
-    return root, int(p.name)
-  mngr = checkpoint_manager(root, read_only=True)
+def step_to_load(path: paths.PathLike) -> tuple[str, int]:
+  """(model folder, step): the step directory given, else the latest committed step."""
+  folder = root(path)
+  if folder is None:
+    raise FileNotFoundError(f"{path} is not an st5_jax model folder or work dir (no {CONFIG_FILE})")
+  if os.fspath(paths.path(path)) != folder:  # a step directory was given
+    return folder, int(paths.path(path).name)
+  mngr = checkpoint_manager(folder, read_only=True)
   steps = mngr.all_steps()
   mngr.close()
   if not steps:
-    raise FileNotFoundError(f"{root} has {CONFIG_FILE} but no committed checkpoint under {CHECKPOINT_DIR}/")
-  return root, max(steps)
+    raise FileNotFoundError(f"{folder} has {CONFIG_FILE} but no committed checkpoint under {CHECKPOINT_DIR}/")
+  return folder, max(steps)
 
 
-def load_params(path: str | os.PathLike) -> tuple[ST5Config, Any, int]:
+def load_params(path: paths.PathLike) -> tuple[ST5Config, Any, int]:
   """(config, parameter tree as stored, step) of the latest (or given) step."""
-  import orbax.checkpoint as ocp
-
-  import jax
-
-  root, step = _step_to_load(path)
-  config = read_config(root)
-  mngr = checkpoint_manager(root, read_only=True, item_handlers={"params": ocp.StandardCheckpointHandler()})
+  folder, step = step_to_load(path)
+  config = read_config(folder)
+  mngr = checkpoint_manager(folder, read_only=True, item_handlers={"params": ocp.StandardCheckpointHandler()})
   try:
     # Restore onto this process's first device whatever mesh wrote it (e.g. a pod slice).
     meta = mngr.item_metadata(step)["params"]
@@ -111,18 +95,16 @@ def load_params(path: str | os.PathLike) -> tuple[ST5Config, Any, int]:
   return config, restored["params"], step
 
 
-def load_flat(path: str | os.PathLike) -> tuple[ST5Config, dict[str, np.ndarray]]:
+def load_flat(path: paths.PathLike) -> tuple[ST5Config, dict[str, np.ndarray]]:
   """Config and unscanned, T5X-named numpy arrays (the common importer format)."""
   config, params, _ = load_params(path)
   flat = {k: np.asarray(v) for k, v in flatten(params).items()}
   return config, unstack_layers(flat)
 
 
-def save_model(directory: str | os.PathLike, config: ST5Config, params: Any, *, step: int = 0,
+def save_model(directory: paths.PathLike, config: ST5Config, params: Any, *, step: int = 0,
                vocab_file: str | None = None, meta: dict[str, Any] | None = None) -> str:
   """Writes a self-contained model folder (inference only: no optimizer state)."""
-  import orbax.checkpoint as ocp
-
   write_config(directory, config)
   if vocab_file:
     copy_vocab(directory, vocab_file)

@@ -19,10 +19,6 @@ from st5_jax.checkpoints import hf
 from st5_jax.configs import ST5Config
 
 
-def is_st_folder(path: str | os.PathLike) -> bool:
-  return (pathlib.Path(path) / "modules.json").is_file()
-
-
 def _module_type(entry: dict[str, Any]) -> str:
   return entry.get("type", "").rsplit(".", 1)[-1]
 

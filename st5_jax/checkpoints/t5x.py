@@ -5,9 +5,9 @@ Layout (t5x/checkpoints.py, versions 2-3): the msgpack holds
 large ones are replaced by a tensorstore spec whose kvstore (driver `gfile`) names a
 directory beside the msgpack file. We read only the parameters (`target`).
 
-gs:// paths work where tensorstore can reach Google Cloud Storage: the msgpack is read
-with tf.io.gfile and each `gfile` kvstore becomes a `gcs` kvstore in the same bucket
-(not testable on this machine, which has no GCS access).
+Paths may be local or gs:// (st5_jax.paths): the msgpack is read through the path
+layer and each `gfile` kvstore becomes the tensorstore kvstore of the array's directory
+beside it (`gcs` in the same bucket, or `file`).
 
 Config is inferred from shapes (T5X checkpoints carry none):
 heads from the relative-position table, MLP type from `wi` vs `wi_0`/`wi_1`, tied
@@ -22,44 +22,34 @@ import re
 from typing import Any, Mapping
 
 import numpy as np
+import tensorstore as ts
+from flax import serialization
 
+from st5_jax import paths
 from st5_jax.checkpoints.tree import flatten
 from st5_jax.configs import T5Config
 
-
-def _read_bytes(path: str) -> bytes:
-  if path.startswith("gs://"):
-    import tensorflow as tf
-    with tf.io.gfile.GFile(path, "rb") as f:
-      return f.read()
-  with open(path, "rb") as f:
-    return f.read()
+MSGPACK_FILE = "checkpoint"
 
 
-def msgpack_path(path: str | os.PathLike) -> str:
+def msgpack_path(path: paths.PathLike) -> str:
   """The msgpack file of a checkpoint given as the file itself or its directory."""
-  path = str(path)
-  if path.startswith("gs://"):
-    return path if path.endswith("/checkpoint") else path.rstrip("/") + "/checkpoint"
-  if os.path.isdir(path):
-    candidate = os.path.join(path, "checkpoint")
-    if not os.path.isfile(candidate):
-      raise FileNotFoundError(f"{path} has no T5X `checkpoint` msgpack file")
+  if paths.is_dir(path):
+    candidate = paths.join(path, MSGPACK_FILE)
+    if not paths.is_file(candidate):
+      raise FileNotFoundError(f"{path} has no T5X `{MSGPACK_FILE}` msgpack file")
     return candidate
-  return path
+  return os.fspath(paths.path(path))
 
 
-def looks_like_t5x(path: str | os.PathLike) -> bool:
+def looks_like_t5x(path: paths.PathLike) -> bool:
   try:
     mp = msgpack_path(path)
   except FileNotFoundError:
     return False
-  if mp.startswith("gs://"):
-    return True
-  if not os.path.isfile(mp):
+  if not paths.is_file(mp):
     return False
-  with open(mp, "rb") as f:
-    head = f.read(64)
+  head = paths.read_head(mp, 64)
   # A msgpack map whose first keys include "optimizer", "target", "state" or "version".
   return head[:1] in (b"\x81", b"\x82", b"\x83", b"\x84", b"\xde") and any(
       k in head for k in (b"optimizer", b"target", b"version", b"state"))
@@ -70,25 +60,16 @@ def _is_ts_spec(x: Any) -> bool:
 
 
 def _read_ts(spec: Mapping[str, Any], ckpt_dir: str) -> np.ndarray:
-  import tensorstore as ts
   spec = dict(spec)
-  kv = dict(spec["kvstore"])
-  rel = kv["path"]
-  if ckpt_dir.startswith("gs://"):
-    bucket, _, prefix = ckpt_dir[len("gs://"):].partition("/")
-    spec["kvstore"] = {"driver": "gcs", "bucket": bucket, "path": f"{prefix}/{rel}".lstrip("/")}
-  else:
-    spec["kvstore"] = {"driver": "file", "path": os.path.join(ckpt_dir, rel)}
+  spec["kvstore"] = paths.tensorstore_kvstore(paths.join(ckpt_dir, dict(spec["kvstore"])["path"]))
   return np.asarray(ts.open(spec, open=True).result().read().result())
 
 
-def read_params(path: str | os.PathLike) -> dict[str, np.ndarray]:
+def read_params(path: paths.PathLike) -> dict[str, np.ndarray]:
   """T5X parameters (`target`) as a flat dict of float32 arrays."""
-  from flax import serialization
-
   mp = msgpack_path(path)
-  ckpt_dir = os.path.dirname(mp)
-  state = serialization.msgpack_restore(_read_bytes(mp))
+  ckpt_dir = os.fspath(paths.path(mp).parent)
+  state = serialization.msgpack_restore(paths.read_bytes(mp))
   if "optimizer" in state:
     target = state["optimizer"]["target"]
   elif "target" in state:
@@ -137,7 +118,7 @@ def infer_config(flat: Mapping[str, np.ndarray]) -> tuple[T5Config, int | None]:
   return cfg, (None if proj is None else int(proj.shape[1]))
 
 
-def load(path: str | os.PathLike) -> tuple[T5Config, int | None, dict[str, np.ndarray]]:
+def load(path: paths.PathLike) -> tuple[T5Config, int | None, dict[str, np.ndarray]]:
   flat = read_params(path)
   cfg, proj_dim = infer_config(flat)
   return cfg, proj_dim, flat

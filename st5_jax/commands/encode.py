@@ -24,20 +24,25 @@ def run(args: argparse.Namespace) -> int:
   import sys
   import time
 
+  import io
+
   import numpy as np
 
+  from st5_jax import paths
   from st5_jax.encoder import SentenceEncoder
 
   if args.input == "-":
     lines = sys.stdin.read().splitlines()
   else:
-    with open(args.input, encoding="utf-8") as f:
-      lines = f.read().splitlines()
+    lines = paths.read_text(args.input).splitlines()  # local or gs://
   encoder = SentenceEncoder.load(args.model, pooling=args.pooling, vocab=args.vocab, max_length=args.max_length)
   start = time.perf_counter()
   emb = encoder.encode(lines, batch_size=args.batch_size, show_progress=not args.no_progress)
   elapsed = time.perf_counter() - start
-  np.save(args.output, emb)
-  print(f"encoded {len(lines)} sentences -> {args.output} {emb.shape} in {elapsed:.1f}s "
+  buf = io.BytesIO()
+  np.save(buf, emb)
+  output = args.output if args.output.endswith(".npy") else args.output + ".npy"  # as np.save names it
+  paths.write_bytes(output, buf.getvalue())
+  print(f"encoded {len(lines)} sentences -> {output} {emb.shape} in {elapsed:.1f}s "
         f"({len(lines) / max(elapsed, 1e-9):.0f} sentences/s)", file=sys.stderr)
   return 0

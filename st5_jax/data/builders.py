@@ -18,6 +18,7 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Callable, Iterable, Iterator, Sequence
 
+from st5_jax import paths
 from st5_jax.data import rows as rows_lib
 from st5_jax.data.rows import BadRowError, InputFileError, RowFormat, RowReader, RowStats
 
@@ -51,12 +52,12 @@ class Built:
 
 
 def _path(data_dir: os.PathLike | str, rel: str) -> str:
-  path = os.path.join(str(data_dir), rel)
-  if not os.path.exists(path):
+  path = paths.join(data_dir, rel)
+  if not paths.exists(path):
     raise InputFileError(
         f"Input file {path} does not exist. Run `st5 data prepare --out {data_dir}` (or point ST5_DATA_DIR "
         f"at a folder laid out like ../shared/data that has {rel}).")
-  if os.path.getsize(path) == 0:
+  if paths.size(path) == 0:
     raise InputFileError(f"Input file {path} is empty.")
   return path
 
@@ -123,12 +124,12 @@ def build_reqa_squad(data_dir, *, stats: RowStats, strict: bool = False) -> Buil
   Questions whose answer crosses a sentence boundary, or whose answer text is not at
   its offset, are skipped and counted (ReQA drops them too).
   """
-  official = [f for f in SQUAD_OFFICIAL_FILES if os.path.exists(os.path.join(str(data_dir), f))]
+  official = [f for f in SQUAD_OFFICIAL_FILES if paths.exists(paths.join(data_dir, f))]
   rel_files = official or list(SQUAD_FILES)
   examples = []
   for rel in rel_files:
     path = _path(data_dir, rel)
-    with open(path, "rb") as f:
+    with paths.open_file(path, "rb") as f:
       try:
         data = json.loads(f.read().decode("utf-8"))
       except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -211,7 +212,7 @@ def _question_text(subject: str, body: str) -> str:
 def _iter_cqa2015(path: str, stats: RowStats, strict: bool) -> Iterator[tuple[str, str, str, str]]:
   """(question, comment, label, where) for every comment of a SemEval-2015 XML file."""
   try:
-    root = ET.parse(path).getroot()
+    root = ET.fromstring(paths.read_bytes(path))
   except ET.ParseError as e:
     raise InputFileError(f"{path} is not well-formed XML: {e}") from e
   for question in root.iter("Question"):
@@ -398,9 +399,9 @@ def _nli_row_ok(premise: str, hypothesis: str, label: str, where: str, *, stats:
 def iter_nli_senteval(directory: str, split: str, *, stats: RowStats,
                       strict: bool = False) -> Iterator[tuple[str, str, str, str]]:
   """SentEval's SNLI layout: parallel files s1.<split>, s2.<split>, labels.<split>."""
-  names = [os.path.join(directory, f"{p}.{split}") for p in ("s1", "s2", "labels")]
+  names = [paths.join(directory, f"{p}.{split}") for p in ("s1", "s2", "labels")]
   for name in names:
-    if not os.path.exists(name):
+    if not paths.exists(name):
       raise InputFileError(f"Input file {name} does not exist.")
   columns = [list(rows_lib.iter_lines(n)) for n in names]
   lengths = [len(c) for c in columns]

@@ -41,15 +41,12 @@ def options(data_dir: str | None = None, vocab: str | None = None, strict: bool 
 
 
 def data_dir() -> str:
-  """The data folder (gin `options.data_dir`, else $ST5_DATA_DIR); gs:// allowed."""
-  explicit = options().data_dir or os.environ.get(paths.DATA_DIR_ENV)
-  if explicit and "://" in str(explicit):
-    return str(explicit)  # gs:// folders are checked when files are opened
-  return str(paths.data_dir(options().data_dir))
+  """The data folder (gin `options.data_dir`, else $ST5_DATA_DIR), local or gs://."""
+  return os.fspath(paths.data_dir(options().data_dir))
 
 
 def prepared_dir(base: str | None = None) -> str:
-  return os.path.join(base or data_dir(), PREPARED_DIRNAME)
+  return paths.join(base or data_dir(), PREPARED_DIRNAME)
 
 
 def vocab_path() -> str:

@@ -7,8 +7,9 @@ outside its range, invalid JSON, a corrupt record) is skipped and recorded in a
 `BadRowError` instead. A missing or empty input file always raises `InputFileError`
 naming it, because that is a configuration mistake rather than a bad row.
 
-Files are local paths or anything `tf.io.gfile` opens (gs://); TensorFlow is only
-imported for those and for TFRecords.
+Files are local paths or gs:// URLs, read through st5_jax.paths (TFRecord framing is
+parsed here, so remote TFRecords need no TensorFlow filesystem); TensorFlow is only
+imported to parse tf.train.Example records.
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ from __future__ import annotations
 import collections
 import csv
 import dataclasses
-import glob as glob_lib
 import json
 import logging
 import os
 import re
+import struct
 from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import google_crc32c
+
+from st5_jax import paths
 
 logger = logging.getLogger("st5_jax.data")
 
@@ -33,6 +38,8 @@ _EXTENSIONS = {
 # Lone surrogates are what `surrogateescape` turns undecodable bytes into.
 _SURROGATE = re.compile("[\udc80-\udcff]")
 _BOM = "\ufeff"
+# A TFRecord claiming more than this is corrupt (protects memory from a bad length).
+MAX_RECORD_BYTES = 1 << 30
 
 
 class BadRowError(ValueError):
@@ -166,22 +173,12 @@ def infer_format(path: str) -> str:
   raise ValueError(f"Cannot infer the format of {path}; pass format= one of {FORMATS}.")
 
 
-def _is_remote(path: str) -> bool:
-  return "://" in path
-
-
 def open_binary(path: str):
-  if _is_remote(path):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    return tf.io.gfile.GFile(path, "rb")
-  return open(path, "rb")
+  return paths.open_file(path, "rb")
 
 
 def file_size(path: str) -> int:
-  if _is_remote(path):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    return tf.io.gfile.stat(path).length
-  return os.path.getsize(path)
+  return paths.size(path)
 
 
 def list_files(patterns: str | Sequence[str]) -> list[str]:
@@ -190,14 +187,10 @@ def list_files(patterns: str | Sequence[str]) -> list[str]:
     patterns = [p for p in patterns.split(",") if p]
   files = []
   for pattern in patterns:
-    if _is_remote(pattern):
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
-      matched = tf.io.gfile.glob(pattern)
-    else:
-      matched = glob_lib.glob(os.path.expanduser(pattern))
+    matched = paths.glob(pattern)
     if not matched:
       raise InputFileError(f"Input file {pattern} does not exist (no file matches this pattern).")
-    files.extend(m for m in matched if not (not _is_remote(m) and os.path.isdir(m)))
+    files.extend(m for m in matched if not paths.is_dir(m))
   files = sorted(set(files))
   for path in files:
     if file_size(path) == 0:
@@ -287,38 +280,68 @@ def iter_jsonl_records(path: str) -> Iterator[tuple[int, dict | str]]:
     yield line, obj
 
 
+def _masked_crc(data: bytes) -> int:
+  crc = google_crc32c.value(data)
+  return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def iter_tfrecord_payloads(f) -> Iterator[bytes | str]:
+  """Record payloads of a TFRecord stream, checksums verified; a str is the error that ends it.
+
+  TFRecord framing: uint64 length, uint32 masked crc32c(length), data, uint32 masked
+  crc32c(data), little-endian. Parsed here so remote files need no TF filesystem.
+  """
+  while True:
+    header = f.read(12)
+    if not header:
+      return
+    if len(header) < 12:
+      yield "truncated record header"
+      return
+    length, length_crc = struct.unpack("<QI", header)
+    if _masked_crc(header[:8]) != length_crc:
+      yield "corrupt record length (checksum mismatch)"
+      return
+    if length > MAX_RECORD_BYTES:
+      yield f"record of {length} bytes exceeds the {MAX_RECORD_BYTES}-byte limit"
+      return
+    data = f.read(length)
+    footer = f.read(4)
+    if len(data) < length or len(footer) < 4:
+      yield "truncated record"
+      return
+    if _masked_crc(data) != struct.unpack("<I", footer)[0]:
+      yield "corrupt record data (checksum mismatch)"
+      return
+    yield data
+
+
 def iter_tfrecord_records(path: str, feature_names: Iterable[str]) -> Iterator[tuple[int, dict | str]]:
   """tf.Example records; a corrupt record ends the file (TFRecords cannot resync)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (tf.train.Example only)
   names = list(feature_names)
-  iterator = iter(tf.data.TFRecordDataset(path))
-  line = 0
-  while True:
-    line += 1
-    try:
-      serialized = next(iterator).numpy()
-    except StopIteration:
-      return
-    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-      yield line, f"corrupt or truncated TFRecord, rest of file skipped ({type(e).__name__})"
-      return
-    try:
-      example = tf.train.Example.FromString(serialized)
-    except Exception:  # pylint: disable=broad-except
-      yield line, "record is not a tf.train.Example"
-      continue
-    out = {}
-    for name in names:
-      feature = example.features.feature.get(name)
-      if feature is None or not feature.bytes_list.value:
-        continue
-      value = feature.bytes_list.value[0]
+  with open_binary(path) as f:
+    for line, serialized in enumerate(iter_tfrecord_payloads(f), start=1):
+      if isinstance(serialized, str):
+        yield line, f"{serialized}, rest of file skipped"
+        return
       try:
-        out[name] = value.decode("utf-8")
-      except UnicodeDecodeError as e:
-        out = f"undecodable bytes (not UTF-8) in feature '{name}' at byte {e.start}"
-        break
-    yield line, out
+        example = tf.train.Example.FromString(serialized)
+      except Exception:  # pylint: disable=broad-except
+        yield line, "record is not a tf.train.Example"
+        continue
+      out = {}
+      for name in names:
+        feature = example.features.feature.get(name)
+        if feature is None or not feature.bytes_list.value:
+          continue
+        value = feature.bytes_list.value[0]
+        try:
+          out[name] = value.decode("utf-8")
+        except UnicodeDecodeError as e:
+          out = f"undecodable bytes (not UTF-8) in feature '{name}' at byte {e.start}"
+          break
+      yield line, out
 
 
 # ----------------------------------------------------------------------------

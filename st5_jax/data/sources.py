@@ -19,6 +19,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from st5_jax import paths
 from st5_jax.data import builders as builders_lib
 from st5_jax.data import config
 from st5_jax.data.rows import InputFileError, RowFormat, RowReader, RowStats
@@ -41,10 +42,6 @@ def chunked(examples: Iterator[Mapping[str, str]], features: Sequence[str], size
       n = 0
   if n:
     yield chunk
-
-
-def _exists(path: str) -> bool:
-  return tf.io.gfile.exists(path) if "://" in path else os.path.exists(path)
 
 
 class SplitReader:
@@ -161,7 +158,7 @@ class PublicSource(ExampleSource):
     self._cache: dict[tuple, builders_lib.Built] = {}
 
   def prepared_file(self, split: str, data_dir: str | None = None) -> str:
-    return os.path.join(config.prepared_dir(data_dir), self.name, f"{split}.jsonl")
+    return paths.join(config.prepared_dir(data_dir), self.name, f"{split}.jsonl")
 
   def _check_split(self, split: str) -> None:
     if split not in self._builders:
@@ -183,11 +180,10 @@ class PublicSource(ExampleSource):
     return built
 
   def _manifest(self, data_dir: str) -> dict:
-    path = os.path.join(config.prepared_dir(data_dir), "MANIFEST.json")
-    if not _exists(path):
+    path = paths.join(config.prepared_dir(data_dir), "MANIFEST.json")
+    if not paths.exists(path):
       return {}
-    with tf.io.gfile.GFile(path) as f:
-      manifest = json.load(f)
+    manifest = json.loads(paths.read_text(path))
     if manifest.get("format_version") != PREPARED_FORMAT_VERSION:
       raise InputFileError(f"{path} has format_version {manifest.get('format_version')}, this code reads "
                            f"{PREPARED_FORMAT_VERSION}; rerun `st5 data prepare`.")
@@ -198,11 +194,11 @@ class PublicSource(ExampleSource):
     data_dir = data_dir or config.data_dir()
     strict = config.strict() if strict is None else strict
     prepared = self.prepared_file(split, data_dir)
-    if _exists(prepared):
+    if paths.exists(prepared):
       entry = self._manifest(data_dir).get("tasks", {}).get(self.name, {}).get(split, {})
       reader = RowReader(prepared, RowFormat("jsonl", {f: f for f in self.features}), strict=strict, name=self.name)
       return FileSplit(reader, description=prepared, build_stats=entry.get("stats", {}))
-    if "://" in data_dir:
+    if paths.is_remote(data_dir):
       raise InputFileError(f"{prepared} does not exist. For gs:// data folders run `st5 data prepare` locally and "
                            "copy its output (including prepared/) to the bucket.")
     built = self._built(split, data_dir, strict)
@@ -213,9 +209,8 @@ class PublicSource(ExampleSource):
     """All examples of a split with their `source` provenance (for inspection and tests)."""
     data_dir = config.data_dir()
     prepared = self.prepared_file(split, data_dir)
-    if _exists(prepared):
-      with tf.io.gfile.GFile(prepared) as f:
-        return [json.loads(line) for line in f]
+    if paths.exists(prepared):
+      return [json.loads(line) for line in paths.read_text(prepared).splitlines() if line.strip()]
     return list(self._built(split, data_dir, config.strict()).examples)
 
   def num_input_examples(self, split: str) -> int:

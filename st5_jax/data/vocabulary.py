@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import seqio
 
+from st5_jax import paths
 from st5_jax.data import config
 
 EXTRA_IDS = 100
@@ -24,10 +25,9 @@ class T5Vocabulary(seqio.SentencePieceVocabulary):
 
   @property
   def _sentencepiece_model_file(self) -> str:  # read by seqio when the model loads
-    if self._explicit_path:
-      from st5_jax import paths  # pylint: disable=g-import-not-at-top
-      return paths.vocab_path(self._explicit_path)
-    return config.vocab_path()
+    resolved = paths.vocab_path(self._explicit_path) if self._explicit_path else config.vocab_path()
+    # seqio reads it with tf.io.gfile, which cannot reach an emulated (or any non-TF) gs://.
+    return paths.local_file(resolved)
 
   @_sentencepiece_model_file.setter
   def _sentencepiece_model_file(self, unused_value):

@@ -10,7 +10,6 @@ quotes in STS-B, MRPC and GLUE are literal text.
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 
 import numpy as np
 
@@ -70,20 +69,19 @@ def clean(text: str) -> str:
   return " ".join(text.split()) or "."
 
 
-def _root(data_dir) -> pathlib.Path:
-  return paths.data_dir(data_dir)
+def _root(data_dir) -> paths.Path:
+  return paths.data_dir(data_dir)  # local or gs://
 
 
-def _lines(path: pathlib.Path, encoding: str = "utf-8") -> list[str]:
-  if not path.is_file():
-    raise paths.MissingFileError(f"Evaluation file {path} is missing; is --data_dir laid out like ../shared/data?")
-  # newline="" keeps \r inside fields visible to rstrip below; "utf-8-sig" drops a BOM.
-  with open(path, encoding=encoding, newline="") as f:
-    text = f.read()
+def _lines(path: paths.Path, encoding: str = "utf-8") -> list[str]:
+  if not paths.is_file(path):
+    raise paths.MissingFileError(f"Evaluation file {path} is missing; the data folder should be in {paths.LAYOUT_HINT}.")
+  # No newline translation: \r inside fields stays visible to rstrip below; "utf-8-sig" drops a BOM.
+  text = paths.read_text(path, encoding)
   return [line.rstrip("\r") for line in text.split("\n")][: -1 if text.endswith("\n") else None]
 
 
-def _tsv(path: pathlib.Path, *, header: bool, encoding: str = "utf-8-sig") -> list[list[str]]:
+def _tsv(path: paths.Path, *, header: bool, encoding: str = "utf-8-sig") -> list[list[str]]:
   rows = [line.split("\t") for line in _lines(path, encoding)]
   return rows[1:] if header else rows
 

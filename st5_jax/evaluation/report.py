@@ -10,10 +10,12 @@ import json
 import math
 import os
 import pathlib
+import tempfile
 from typing import Mapping
 
 import numpy as np
 
+from st5_jax import paths
 from st5_jax.evaluation.harness import TASKS
 
 _SUITE_TITLES = {"sts": "STS", "transfer": "SentEval transfer", "sentglue": "SentGLUE", "dev": "Dev"}
@@ -40,16 +42,12 @@ def _jsonable(x):
 
 
 def write_json(path: str | os.PathLike, payload: dict) -> None:
-  pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(_jsonable(payload), f, indent=1, sort_keys=False)
-    f.write("\n")
+  paths.write_text(path, json.dumps(_jsonable(payload), indent=1, sort_keys=False) + "\n")
 
 
 def load_results(path: str | os.PathLike) -> dict[str, dict]:
   """{model name: results} from a results file (several models) or one `evaluate` output."""
-  with open(path, encoding="utf-8") as f:
-    payload = json.load(f)
+  payload = json.loads(paths.read_text(path))
   if "models" in payload:
     return dict(payload["models"])
   if "tasks" in payload:
@@ -220,7 +218,17 @@ def plot_align_uniform(models: Mapping[str, dict], path: str | os.PathLike) -> b
 
 
 def write_all(models: Mapping[str, dict], output: str | os.PathLike, *, extra: dict | None = None) -> dict[str, str]:
-  """Writes OUTPUT (.json), OUTPUT .md and the two PNGs beside it; returns {kind: path}."""
+  """Writes OUTPUT (.json), OUTPUT .md and the two PNGs beside it (local or gs://); returns {kind: path}."""
+  if paths.is_remote(output):  # written locally, then uploaded beside OUTPUT
+    remote = paths.path(output)
+    with tempfile.TemporaryDirectory(prefix="st5_eval_") as tmp:
+      local = write_all(models, os.path.join(tmp, remote.name), extra=extra)
+      written = {}
+      for kind, f in local.items():
+        dst = os.fspath(remote.parent / os.path.basename(f))
+        paths.write_bytes(dst, pathlib.Path(f).read_bytes())
+        written[kind] = dst
+      return written
   out = pathlib.Path(output)
   if out.suffix != ".json":
     out = out.with_suffix(".json")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-import pathlib
+import os
 
 import numpy as np
 
@@ -58,7 +58,7 @@ def evaluate_pairs(data: readers.PairScores, embed: Encode, *, per_subset: bool)
 
 
 @functools.lru_cache(maxsize=4)
-def _stsb_dev(root: pathlib.Path) -> tuple[readers.PairScores, list[str], np.ndarray, np.ndarray]:
+def _stsb_dev(root: str) -> tuple[readers.PairScores, list[str], np.ndarray, np.ndarray]:
   data = readers.read_stsb(root, split="dev")
   texts = list(dict.fromkeys(data.sents1 + data.sents2))
   index = {t: i for i, t in enumerate(texts)}
@@ -71,7 +71,7 @@ def sts_dev_spearman(encode: Encode, *, data_dir=None) -> float:
   For calling from a training loop: the file is parsed once per process and each of
   its distinct sentences is encoded once per call (one `encode` call).
   """
-  root = paths.data_dir(data_dir).resolve()
+  root = os.fspath(paths.data_dir(data_dir))  # absolute, local or gs://
   data, texts, i1_N, i2_N = _stsb_dev(root)
   emb_NxD = np.asarray(encode(texts))
   if emb_NxD.shape[0] != len(texts):

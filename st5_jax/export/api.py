@@ -9,14 +9,16 @@ import shutil
 import time
 from typing import Any, Sequence
 
+from st5_jax import paths
+
 log = logging.getLogger(__name__)
 
 
-def export_model(model: str | os.PathLike, *, format: str, out: str | os.PathLike,  # noqa: A002
+def export_model(model: paths.PathLike, *, format: str, out: paths.PathLike,  # noqa: A002
                  vocab: str | None = None, pooling: str | None = None, max_length: int | None = None,
                  platforms: Sequence[str] | None = None, eval_results: Sequence[str] = (),
                  overwrite: bool = False) -> dict[str, Any]:
-  """Exports `model` (any format `SentenceEncoder.load` reads) to `out`; returns a summary.
+  """Exports `model` (any format `SentenceEncoder.load` reads) to `out` (local or gs://); returns a summary.
 
   format: "savedmodel" or "sentence-transformers". `pooling` / `max_length` override the
   checkpoint's; `platforms` are the SavedModel's lowering targets (default cpu, cuda, tpu);
@@ -26,14 +28,14 @@ def export_model(model: str | os.PathLike, *, format: str, out: str | os.PathLik
 
   if format not in FORMATS:
     raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
-  out = pathlib.Path(out)
-  if out.exists():
+  out_path = os.fspath(paths.path(out))  # local or gs://
+  if paths.exists(out_path):
     if not overwrite:
-      raise FileExistsError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
-    if pathlib.Path(model).resolve() == out.resolve():
+      raise FileExistsError(f"{out_path} exists; pass overwrite=True (--overwrite) to replace it")
+    if os.fspath(paths.path(model)) == out_path:
       raise ValueError("cannot export a model onto itself")
   for f in eval_results:
-    if not os.path.isfile(f):
+    if not paths.is_file(f):
       raise FileNotFoundError(f"evaluation results {f} do not exist")
   start = time.perf_counter()
   src = source.load_source(model, vocab=vocab, pooling=pooling, max_length=max_length)
@@ -44,31 +46,35 @@ def export_model(model: str | os.PathLike, *, format: str, out: str | os.PathLik
   num_params = int(sum(v.size for v in src.flat.values()))
   card = model_card.collect(config=src.config, source=src.path, source_format=src.format, step=src.step,
                             eval_results=eval_results, num_params=num_params)
-  # Written beside `out` and swapped in at the end: a failed export leaves the old one intact.
-  staging = out.parent / f".{out.name}.export-{os.getpid()}"
-  if staging.exists():
-    shutil.rmtree(staging)
-  flat, src.flat = src.flat, {}  # the exporter consumes the arrays (one copy of the weights)
-  if format == "savedmodel":
-    from st5_jax.export import savedmodel
-    meta = {"source": src.path, "source_format": src.format, "step": src.step}
-    stats = savedmodel.export(config=src.config, flat=flat, vocab_file=src.vocab_file, out=staging,
-                              platforms=tuple(platforms or savedmodel.DEFAULT_PLATFORMS),
-                              metadata=meta, consume=True)
-  else:
-    from st5_jax.export import sentence_transformers
-    stats = sentence_transformers.export(config=src.config, flat=flat, vocab_file=src.vocab_file, out=staging)
-  del flat
-  model_card.write(staging, card, export_format=format, name=out.name)
-  if out.exists():
-    shutil.rmtree(out)
-  os.replace(staging, out)
+  name = paths.path(out_path).name
+  # The writers write local files: a gs:// destination is written locally, then uploaded.
+  with paths.staged_output(out_path) as local_out:
+    target = pathlib.Path(local_out)
+    # Written beside `out` and swapped in at the end: a failed export leaves the old one intact.
+    staging = target.parent / f".{target.name}.export-{os.getpid()}"
+    if staging.exists():
+      shutil.rmtree(staging)
+    flat, src.flat = src.flat, {}  # the exporter consumes the arrays (one copy of the weights)
+    if format == "savedmodel":
+      from st5_jax.export import savedmodel
+      meta = {"source": src.path, "source_format": src.format, "step": src.step}
+      stats = savedmodel.export(config=src.config, flat=flat, vocab_file=src.vocab_file, out=staging,
+                                platforms=tuple(platforms or savedmodel.DEFAULT_PLATFORMS),
+                                metadata=meta, consume=True)
+    else:
+      from st5_jax.export import sentence_transformers
+      stats = sentence_transformers.export(config=src.config, flat=flat, vocab_file=src.vocab_file, out=staging)
+    del flat
+    model_card.write(staging, card, export_format=format, name=name)
+    if target.exists():
+      shutil.rmtree(target)
+    os.replace(staging, target)
+    size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
   end = time.perf_counter()
-  size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-  summary = {"out": str(out), "format": format, "source": src.path, "source_format": src.format,
+  summary = {"out": out_path, "format": format, "source": src.path, "source_format": src.format,
              "pooling": src.config.pooling, "output_dim": src.config.output_dim,
              "max_length": src.config.max_length, "num_params": num_params, "bytes": size,
              "vocab_file": src.vocab_file, "load_seconds": round(loaded - start, 2),
              "export_seconds": round(end - loaded, 2), **{k: v for k, v in stats.items() if k.endswith("_seconds")}}
-  log.info("exported %s -> %s (%s, %.1f MB) in %.1fs", src.path, out, format, size / 2**20, end - start)
+  log.info("exported %s -> %s (%s, %.1f MB) in %.1fs", src.path, out_path, format, size / 2**20, end - start)
   return summary

@@ -16,7 +16,8 @@ import pathlib
 import re
 from typing import Any, Sequence
 
-from st5_jax import configs
+from st5_jax import configs, paths
+from st5_jax.checkpoints import native
 from st5_jax.configs import ST5Config
 
 log = logging.getLogger(__name__)
@@ -40,11 +41,11 @@ def size_name(t5: configs.T5Config) -> str | None:
   return None
 
 
-def _read_json(path: pathlib.Path) -> dict[str, Any] | None:
+def _read_json(path: paths.PathLike) -> dict[str, Any] | None:
   try:
-    value = json.loads(path.read_text())
+    value = json.loads(paths.read_text(path))
   except (OSError, ValueError) as e:
-    if path.exists():
+    if paths.exists(path):
       log.warning("model card: cannot read %s: %s", path, e)
     return None
   return value if isinstance(value, dict) else None
@@ -60,7 +61,7 @@ def _gin_values(text: str, key: str) -> list[str]:
 
 def _eval_rows(path: str) -> list[tuple[str, str, str, float]]:
   """(model, task, metric, main value) rows of an `st5 eval` results file."""
-  payload = _read_json(pathlib.Path(path))
+  payload = _read_json(path)
   if payload is None:
     raise FileNotFoundError(f"evaluation results {path} are missing or not JSON")
   models = payload.get("models") if "models" in payload else {pathlib.Path(path).stem: payload}
@@ -91,16 +92,14 @@ class CardInfo:
 def collect(*, config: ST5Config, source: str, source_format: str, step: int | None = None,
             eval_results: Sequence[str] = (), num_params: int | None = None) -> CardInfo:
   """Gathers what is known about the model at `source` (robust to missing files)."""
-  from st5_jax.export.source import native_root
-
   info = CardInfo(config=config, source=str(source), source_format=source_format, step=step,
                   num_params=num_params)
-  root = native_root(source) if source_format == "native" else None
+  root = native.root(source) if source_format == "native" else None
   if root is not None:
-    info.train_config = _read_json(root / "train_config.json")
-    info.train_results = _read_json(root / "results.json")
-    gin_file = root / "operative_config.gin"
-    gin_text = gin_file.read_text() if gin_file.is_file() else ""
+    info.train_config = _read_json(paths.join(root, "train_config.json"))
+    info.train_results = _read_json(paths.join(root, "results.json"))
+    gin_file = paths.join(root, "operative_config.gin")
+    gin_text = paths.read_text(gin_file) if paths.is_file(gin_file) else ""
     info.base_checkpoint = (info.train_results or {}).get("init_from") or next(
         iter(_gin_values(gin_text, "init_from")), None)
     info.training_data = list(dict.fromkeys(_gin_values(gin_text, "task")))

@@ -37,6 +37,7 @@ from typing import Any, Mapping, MutableMapping, Sequence
 
 import numpy as np
 
+from st5_jax import paths
 from st5_jax.configs import ST5Config
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ def load_flat(path: str | os.PathLike) -> tuple[ST5Config, dict[str, np.ndarray]
 def _check_vocab(vocab_file: str, config: ST5Config) -> bytes:
   import sentencepiece as spm
 
-  with open(vocab_file, "rb") as f:
+  with paths.open_file(vocab_file, "rb") as f:
     proto = f.read()
   sp = spm.SentencePieceProcessor(model_proto=proto)
   if sp.pad_id() != 0 or sp.eos_id() != _EOS_ID:
@@ -271,7 +272,7 @@ def export(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], vocab_fi
   tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
   staged = pathlib.Path(tempfile.mkdtemp(prefix="st5_export_assets_"))
   try:
-    shutil.copyfile(vocab_file, staged / VOCAB_FILE)
+    (staged / VOCAB_FILE).write_bytes(paths.read_bytes(vocab_file))
     (staged / CONFIG_FILE).write_text(config.to_json())
     (staged / EXPORT_FILE).write_text(json.dumps(meta, indent=1))
     module = _build_module(config=config, flat=flat, names=names, vocab_proto=vocab_proto, staged=staged,
@@ -308,14 +309,15 @@ class SavedModelEncoder:
     import tensorflow_text  # noqa: F401  (registers the SentencePiece ops before loading)
 
     self.path = str(path)
-    self.config = read_config(path)
-    self.metadata = read_metadata(path)
+    local = paths.local_dir(path)  # TensorFlow's loader reads local files (gs:// is copied once)
+    self.config = read_config(local)
+    self.metadata = read_metadata(local)
     self.source = f"savedmodel:{path}"
     self.report = None
     self.max_batch_size = batch_size
-    self.vocab_file = str(_assets(path) / VOCAB_FILE)
+    self.vocab_file = str(_assets(local) / VOCAB_FILE)
     self._tf = tf
-    self.model = tf.saved_model.load(self.path)
+    self.model = tf.saved_model.load(local)
 
   @property
   def dim(self) -> int:

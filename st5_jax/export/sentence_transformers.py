@@ -24,6 +24,7 @@ from typing import Mapping, MutableMapping
 
 import numpy as np
 
+from st5_jax import paths
 from st5_jax.checkpoints import hf
 from st5_jax.configs import ST5Config
 
@@ -64,7 +65,7 @@ def _encoder_state_dict(flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]
 
 
 def _write_tokenizer(out: pathlib.Path, vocab_file: str, max_length: int) -> None:
-  shutil.copyfile(vocab_file, out / VOCAB_FILE)
+  (out / VOCAB_FILE).write_bytes(paths.read_bytes(vocab_file))  # the vocabulary may be on gs://
   # Enough for transformers to build the tokenizer from spiece.model on its own.
   (out / "tokenizer_config.json").write_text(json.dumps({
       "tokenizer_class": "T5Tokenizer", "model_max_length": max_length, "extra_ids": 100,

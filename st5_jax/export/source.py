@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pathlib
 from typing import Any
 
 import numpy as np
 
 from st5_jax import paths
+from st5_jax.checkpoints import loader, tree
 from st5_jax.configs import ST5Config
 
 
@@ -18,7 +18,7 @@ class ExportSource:
   """A tower ready to export: float32, unscanned config and T5X-named arrays."""
 
   path: str
-  format: str  # as encoder.detect_format
+  format: str  # as loader.detect_format
   config: ST5Config
   flat: dict[str, np.ndarray]
   vocab_file: str
@@ -26,69 +26,20 @@ class ExportSource:
   step: int | None = None
 
 
-def native_root(path: str | os.PathLike) -> pathlib.Path | None:
-  """The model folder / work dir of a native path (which may be one of its step dirs)."""
-  from st5_jax.checkpoints import native
-
-  p = pathlib.Path(path)
-  if (p / native.CONFIG_FILE).is_file():
-    return p
-  if p.name.isdigit() and (p.parent.parent / native.CONFIG_FILE).is_file():
-    return p.parent.parent
-  return None
-
-
-def native_step(path: str | os.PathLike) -> int | None:
-  """The step a native path loads (the latest committed one unless a step dir is given)."""
-  from st5_jax.checkpoints import native
-
-  p, root = pathlib.Path(path), native_root(path)
-  if root is None:
-    return None
-  if p != root:
-    return int(p.name)
-  mngr = native.checkpoint_manager(root, read_only=True)
-  try:
-    steps = mngr.all_steps()
-  finally:
-    mngr.close()
-  return max(steps) if steps else None
-
-
-def resolve_vocab(path: str, fmt: str, explicit: str | None = None) -> str:
-  """The vocabulary of a model: `explicit`, its folder(s), $ST5_VOCAB, $ST5_DATA_DIR."""
-  model_dir = path if os.path.isdir(path) else os.path.dirname(path)
-  candidates = [model_dir]
-  if fmt == "native":
-    from st5_jax.checkpoints import native
-    candidates = native.vocab_dirs(path) + candidates
-  if explicit:
-    return paths.vocab_path(explicit)
-  for d in candidates:
-    try:
-      return paths.vocab_path(None, model_dir=d)
-    except paths.MissingFileError:
-      continue
-  return paths.vocab_path(None, model_dir=model_dir)  # raises with the full message
-
-
-def load_source(path: str | os.PathLike, *, vocab: str | None = None, pooling: str | None = None,
+def load_source(path: paths.PathLike, *, vocab: str | None = None, pooling: str | None = None,
                 max_length: int | None = None) -> ExportSource:
-  """Loads `path` for export: float32 activations, no scan, no remat, parameters checked."""
-  from st5_jax.checkpoints import tree
-  from st5_jax.encoder import load_model
-
-  path = str(path)
+  """Loads `path` (local or gs://) for export: float32 activations, no scan, no remat, parameters checked."""
+  path = os.fspath(paths.path(path))
   # Numerics of the exported graph: fp32 activations (the parity promise), unrolled layers
   # (names stay per-layer), no rematerialisation (inference only).
   overrides: dict[str, Any] = {"dtype": "float32", "scan_layers": False, "remat_policy": "none"}
-  config, params, _, fmt = load_model(path, pooling=pooling, t5_overrides=overrides)
+  config, params, _, fmt = loader.load_model(path, pooling=pooling, t5_overrides=overrides)
   if max_length is not None:
     if max_length < 1:
       raise ValueError(f"max_length must be >= 1, got {max_length}")
     config = config.replace(max_length=max_length)
   flat = {k: np.asarray(v, np.float32) for k, v in tree.flatten(params).items()}
   del params
-  vocab_file = resolve_vocab(path, fmt, vocab)
-  step = native_step(path) if fmt == "native" else None
+  vocab_file = loader.resolve_vocab(path, fmt, vocab)
+  step = loader.model_step(path, fmt)
   return ExportSource(path=path, format=fmt, config=config, flat=flat, vocab_file=vocab_file, step=step)
