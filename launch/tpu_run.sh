@@ -9,6 +9,11 @@
 #       [--project PROJECT] [--accelerator v4-256] [--version tpu-ubuntu2204-base] \
 #       [--create] [--spot] [--workdir gs://BUCKET/DIR] [--dry-run] [--gin.KEY=VALUE ...]
 #
+# Pod rehearsal on this machine: the workers' command, as N local JAX processes on CPU
+# (ST5_LOCAL_POD_DEVICES fake devices each, default 4), joined like the hosts of a slice:
+#   launch/tpu_run.sh --gin FILE.gin --local-pod 2 --workdir gs://BUCKET/DIR [--gin.KEY=VALUE ...]
+# (with STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT, gs:// is a local GCS emulator; docs/tpu.md)
+#
 # --gin NAME is looked up as a path, then in gin/. Each --gin.KEY=VALUE (or
 # --gin.KEY VALUE) is passed to `st5 train` unchanged: on the TPU workers every
 # argument is quoted with printf %q, so values with spaces or quotes arrive intact
@@ -17,10 +22,10 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GIN="" WORKDIR="" TPU="" ZONE="" PROJECT="" ACCEL="" VERSION="tpu-ubuntu2204-base"
-CREATE=0 SPOT=0 DRY=0
+CREATE=0 SPOT=0 DRY=0 LOCAL_POD=0
 OVERRIDES=()
 
-usage() { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 need() { [ "$#" -ge 2 ] && [ -n "$2" ] || { echo "tpu_run.sh: $1 needs a value" >&2; exit 2; }; }
 
 while [ "$#" -gt 0 ]; do
@@ -36,6 +41,7 @@ while [ "$#" -gt 0 ]; do
     --create) CREATE=1; shift ;;
     --spot) SPOT=1; shift ;;
     --dry-run) DRY=1; shift ;;
+    --local-pod) need "$@"; LOCAL_POD="$2"; shift 2 ;;
     --gin.*=*) OVERRIDES+=("$1"); shift ;;
     --gin.*) need "$@"; OVERRIDES+=("$1=$2"); shift 2 ;;
     -h|--help) usage 0 ;;
@@ -57,6 +63,52 @@ RUN_NAME="$(basename "$GIN_PATH" .gin)"
 show() { local out="" a; for a in "$@"; do out+="$(printf '%q' "$a") "; done; echo "${out% }"; }
 # Runs a command, or prints it with --dry-run.
 run() { if [ "$DRY" = 1 ]; then show "$@"; else "$@"; fi; }
+
+# What every TPU worker runs (after `cd` into the shipped tree), and what --local-pod runs.
+worker_args() {  # $1: the gin file as the worker sees it
+  printf '%s\0' train --gin_file "$1" --workdir "$WORKDIR" --no_progress "${OVERRIDES[@]}"
+}
+
+if [ "$LOCAL_POD" != 0 ]; then
+  # ------------------------------------------------------ local pod rehearsal
+  case "$LOCAL_POD" in ''|*[!0-9]*) echo "tpu_run.sh: --local-pod needs a process count" >&2; exit 2 ;; esac
+  [ -n "$TPU" ] && { echo "tpu_run.sh: --local-pod and --tpu exclude each other" >&2; exit 2; }
+  [ -n "$WORKDIR" ] || { echo "tpu_run.sh: --local-pod needs --workdir (shared by all processes, e.g. gs://BUCKET/DIR)" >&2; exit 2; }
+  mapfile -d '' ARGS < <(worker_args "$GIN_PATH")
+  PORT="${ST5_LOCAL_POD_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}"
+  DEVICES="${ST5_LOCAL_POD_DEVICES:-4}"
+  if [ "$DRY" = 1 ]; then
+    for ((i = 0; i < LOCAL_POD; i++)); do
+      show env JAX_PLATFORMS=cpu "XLA_FLAGS=--xla_force_host_platform_device_count=$DEVICES" \
+        "JAX_COORDINATOR_ADDRESS=127.0.0.1:$PORT" "JAX_NUM_PROCESSES=$LOCAL_POD" "JAX_PROCESS_ID=$i" st5 "${ARGS[@]}"
+    done
+    exit 0
+  fi
+  # shellcheck disable=SC1091
+  source "$ROOT/launch/setup_env.sh"
+  PIDS=()
+  forward() { kill -"$1" "${PIDS[@]}" 2>/dev/null || true; }
+  trap 'forward TERM' TERM
+  trap 'forward INT' INT
+  for ((i = 0; i < LOCAL_POD; i++)); do
+    echo "[tpu_run] worker $i/$LOCAL_POD: $(show st5 "${ARGS[@]}")" >&2
+    JAX_PLATFORMS=cpu XLA_FLAGS="--xla_force_host_platform_device_count=$DEVICES" \
+      JAX_COORDINATOR_ADDRESS="127.0.0.1:$PORT" JAX_NUM_PROCESSES="$LOCAL_POD" JAX_PROCESS_ID="$i" \
+      st5 "${ARGS[@]}" > >(trap '' TERM INT; exec sed -u "s/^/[worker $i] /") 2>&1 &
+    PIDS+=("$!")
+  done
+  RC=0
+  for pid in "${PIDS[@]}"; do
+    while true; do
+      set +e; wait "$pid"; code=$?; set -e
+      # wait returns >128 when a trapped signal interrupts it; the worker is still running.
+      if kill -0 "$pid" 2>/dev/null; then continue; fi
+      break
+    done
+    [ "$code" != 0 ] && [ "$RC" = 0 ] && RC="$code"
+  done
+  exit "$RC"
+fi
 
 if [ -z "$TPU" ]; then
   # ---------------------------------------------------------------- local run
@@ -104,7 +156,8 @@ run "${GCLOUD[@]}" scp "${SHIP[@]}" "$TPU:~/" "${WHERE[@]}" --worker=all
 REMOTE_SETUP="$(show mkdir -p "$REMOTE_DIR") && $(show tar -xzf "$(basename "$TARBALL")" -C "$REMOTE_DIR") && cd $(show "$REMOTE_DIR") && ST5_EXTRAS=tpu bash launch/setup_env.sh"
 run "${GCLOUD[@]}" ssh "$TPU" "${WHERE[@]}" --worker=all --command "$REMOTE_SETUP"
 
-TRAIN=(.venv/bin/st5 train --gin_file "$REMOTE_GIN" --workdir "$WORKDIR" --no_progress "${OVERRIDES[@]}")
+mapfile -d '' TRAIN_ARGS < <(worker_args "$REMOTE_GIN")
+TRAIN=(.venv/bin/st5 "${TRAIN_ARGS[@]}")
 REMOTE_TRAIN="cd $(show "$REMOTE_DIR") && ST5_MULTIHOST=1 $(show "${TRAIN[@]}")"
 # All workers run the trainer; their logs stream here until the job ends.
 run "${GCLOUD[@]}" ssh "$TPU" "${WHERE[@]}" --worker=all --command "$REMOTE_TRAIN"

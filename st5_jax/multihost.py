@@ -1,11 +1,15 @@
-"""Multi-process (multi-host) start-up."""
+"""Multi-process (multi-host) start-up and synchronisation."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+from typing import Any, Callable
 
 log = logging.getLogger(__name__)
+
+_BARRIER_IDS = itertools.count()
 
 
 def maybe_initialize() -> None:
@@ -13,7 +17,8 @@ def maybe_initialize() -> None:
 
   On Cloud TPU VMs JAX discovers the coordinator itself (ST5_MULTIHOST=1, set by
   launch/tpu_run.sh on pod slices); elsewhere JAX_COORDINATOR_ADDRESS,
-  JAX_NUM_PROCESSES and JAX_PROCESS_ID name it (the 2-process CPU test does this).
+  JAX_NUM_PROCESSES and JAX_PROCESS_ID name it (`launch/tpu_run.sh --local-pod N` and
+  the multi-process tests do this).
   """
   import jax
 
@@ -31,3 +36,26 @@ def maybe_initialize() -> None:
     return
   log.info("process %d of %d, %d local / %d global devices", jax.process_index(), jax.process_count(),
            jax.local_device_count(), jax.device_count())
+
+
+def barrier(name: str, *, timeout_s: int = 3600) -> None:
+  """Every process waits here (a coordination-service barrier: no device collective)."""
+  import jax
+  from orbax.checkpoint import multihost as ocp_multihost
+
+  if jax.process_count() == 1:
+    return
+  ocp_multihost.get_barrier_sync_fn()(key=f"st5:{name}:{next(_BARRIER_IDS)}", timeout_ms=timeout_s * 1000)
+
+
+def compile_together(fn: Any, *args, name: str) -> Callable:
+  """The executable of jitted `fn` for `args`, compiled on every process before any runs it.
+
+  Multi-process CPU runs (gloo) create a device group's communicator the first time a
+  program uses it, and a peer that arrives more than 30 s later fails the run; compile
+  times differ that much between processes on a loaded host. Compiling first and
+  meeting at a barrier makes the first execution start together. Harmless elsewhere.
+  """
+  compiled = fn.lower(*args).compile()
+  barrier(f"compiled:{name}")
+  return compiled

@@ -32,11 +32,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from etils import epath
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from st5_jax import losses, partitioning
-from st5_jax.checkpoints import native
+from st5_jax import losses, multihost, partitioning, paths
+from st5_jax import vocab as vocab_lib
+from st5_jax.checkpoints import loader, native
 from st5_jax.configs import ST5Config
+from st5_jax.evaluation import in_training
 from st5_jax.features import LEFT, RIGHT, RIGHT_NEG  # noqa: F401  (re-exported for callers)
 from st5_jax.model.st5 import SentenceT5, abstract_params
 from st5_jax.optim import OptimizerConfig, make_optimizer
@@ -257,13 +260,30 @@ def save_state(mngr, state: TrainState, meta: dict[str, Any], *, force: bool = F
 
 
 class _StopFlag:
-  """Turns SIGTERM/SIGINT (TPU preemption, Ctrl-C) into a checkpoint and a clean exit."""
+  """Turns SIGTERM/SIGINT (TPU preemption, Ctrl-C) into a checkpoint and a clean exit.
+
+  One process: Python signal handlers. Several processes must stop at the same step or
+  the next collective hangs: JAX's preemption service (started by
+  jax.distributed.initialize) catches SIGTERM on any host and the hosts agree on the
+  step (`multihost_utils.reached_preemption_sync_point`, called at every step). A Python
+  SIGTERM handler would replace the service's, so none is installed then.
+  """
 
   def __init__(self):
     self.signum: int | None = None
     self._old = {}
+    self._multi = jax.process_count() > 1
+
+  def should_stop(self, step: int) -> bool:
+    """Call once per step, with the same step on every process."""
+    if self._multi and self.signum is None and multihost_utils.reached_preemption_sync_point(step):
+      self.signum = signal.SIGTERM
+      log.warning("Preemption notice (SIGTERM on some host): saving a checkpoint at step %d and exiting.", step)
+    return self.signum is not None
 
   def __enter__(self):
+    if self._multi:
+      return self
     for sig in (signal.SIGTERM, signal.SIGINT):
       try:
         self._old[sig] = signal.signal(sig, self._handle)
@@ -298,17 +318,17 @@ class _MetricWriter:
   """metrics.jsonl + TensorBoard (tensorboardX), written by process 0 only.
 
   On a remote work dir (gs://, no appends) both are written to a local mirror and
-  copied over at every checkpoint and at the end.
+  copied over through the path layer at every checkpoint and at the end.
   """
 
   def __init__(self, workdir: epath.Path):
     self.enabled = _is_lead()
     self.tb = None
-    self.remote = workdir if "://" in str(workdir) else None
+    self.remote = workdir if paths.is_remote(workdir) else None
     if self.enabled:
       local = pathlib.Path(tempfile.mkdtemp(prefix="st5_metrics_")) if self.remote else pathlib.Path(workdir)
-      if self.remote and (self.remote / "metrics.jsonl").exists():
-        (local / "metrics.jsonl").write_text((self.remote / "metrics.jsonl").read_text())
+      if self.remote and paths.exists(self.remote / "metrics.jsonl"):
+        (local / "metrics.jsonl").write_bytes(paths.read_bytes(self.remote / "metrics.jsonl"))
       self.local = local
       self.jsonl = open(local / "metrics.jsonl", "a", encoding="utf-8")
       try:
@@ -323,11 +343,7 @@ class _MetricWriter:
     self.jsonl.flush()
     if self.tb:
       self.tb.flush()
-    for f in self.local.rglob("*"):
-      if f.is_file():
-        dst = self.remote / f.relative_to(self.local)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_bytes(f.read_bytes())
+    paths.copy_tree(self.local, self.remote)
 
   def write(self, step: int, scalars: Mapping[str, float], prefix: str = "train") -> None:
     if not self.enabled:
@@ -349,18 +365,17 @@ class _MetricWriter:
         shutil.rmtree(self.local, ignore_errors=True)
 
 
-def sts_dev_eval(model_config: ST5Config, params: Any, *, data_dir: str | None, vocab_file: str,
-                 batch_size: int = 128) -> float | None:
-  """STS-B dev Spearman x100 of the current parameters, or None without data."""
+def make_sts_dev_eval(setup: Setup, model_config: ST5Config, *, data_dir: str | None, vocab_file: str,
+                      rules=partitioning.DEFAULT_RULES, batch_size: int = 128) -> Callable[[Any], float | None]:
+  """params -> STS-B dev Spearman x100 (None without data), on the run's mesh; compiled once."""
   if not data_dir:
-    return None
-  from st5_jax import vocab as vocab_lib
-  from st5_jax.encoder import SentenceEncoder
-  from st5_jax.evaluation import sts_dev_spearman
-
-  cfg = model_config.replace(t5=model_config.t5.replace(dropout_rate=0.0))
-  enc = SentenceEncoder(cfg, params, tokenizer=vocab_lib.Tokenizer(vocab_file), max_batch_size=batch_size)
-  return float(sts_dev_spearman(enc.encode, data_dir=data_dir))
+    return lambda params: None
+  evaluator = in_training.StsDevEvaluator(
+      in_training.ShardedEncoder(model_config, mesh=setup.mesh, boxed_params=abstract_params(model_config),
+                                 param_shardings=setup.state_shardings.params, rules=rules,
+                                 tokenizer=vocab_lib.Tokenizer(vocab_file), batch_size=batch_size),
+      data_dir=data_dir)
+  return evaluator
 
 
 def _tokens_per_example(batch: Mapping[str, jax.Array]) -> int:
@@ -382,8 +397,7 @@ def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: 
   stop_after_steps: stop (with a checkpoint) after this many steps of this invocation;
     for tests and time-boxed jobs. The schedule still follows num_train_steps.
   """
-  workdir = epath.Path(workdir)  # local or gs://
-  workdir.mkdir(parents=True, exist_ok=True)
+  workdir = paths.mkdir(workdir)  # local or gs://
   tc = train_config
   if tc.eval_every < 0:
     eval_data_dir = None
@@ -398,9 +412,11 @@ def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: 
   mngr = native.checkpoint_manager(workdir, max_to_keep=tc.keep_checkpoints, enable_async_checkpointing=True)
   writer = _MetricWriter(workdir)
   summary_path = workdir / "results.json"
-  summary: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+  summary: dict[str, Any] = json.loads(paths.read_text(summary_path)) if summary_path.exists() else {}
   summary.update({"workdir": str(workdir), "num_train_steps": tc.num_train_steps,
                   "global_batch_size": tc.global_batch_size, "mesh": dict(mesh.shape), **(run_info or {})})
+
+  sts_dev_eval = make_sts_dev_eval(setup, model_config, data_dir=eval_data_dir, vocab_file=vocab_file, rules=rules)
 
   with jax.set_mesh(mesh):
     restored = restore_latest_good(mngr, setup)
@@ -415,7 +431,7 @@ def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: 
         init_params = _load_pretrained(init_from, model_config, init_projection, tc.seed)
         summary["init_from"] = str(init_from)
       state = init_state(setup, model_config, seed=tc.seed, init_params=init_params)
-      before = sts_dev_eval(model_config, state.params, data_dir=eval_data_dir, vocab_file=vocab_file)
+      before = sts_dev_eval(state.params)
       summary["stsb_dev_spearman_before"] = before
       if before is not None:
         writer.write(0, {"stsb_dev_spearman": before}, prefix="eval")
@@ -423,25 +439,22 @@ def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: 
 
     start_step = int(jax.device_get(state.step))
     result = _loop(setup, state, iterator, mngr, writer, tc, start_step=start_step, progress=progress,
-                   model_config=model_config, eval_data_dir=eval_data_dir, vocab_file=vocab_file,
-                   summary=summary, stop_after_steps=stop_after_steps)
+                   sts_dev_eval=sts_dev_eval, summary=summary, stop_after_steps=stop_after_steps)
   mngr.wait_until_finished()
   mngr.close()
   writer.close()
   if _is_lead():
-    summary_path.write_text(json.dumps(summary, indent=2))
+    paths.write_text(summary_path, json.dumps(summary, indent=2))
   return result
 
 
 def _load_pretrained(path: str, model_config: ST5Config, init_projection: str, seed: int) -> Any:
-  from st5_jax.encoder import load_model
-
   if init_projection not in ("auto", "fresh"):
     raise ValueError(f"init_projection must be 'auto' or 'fresh', got {init_projection!r}")
   t = model_config.t5
   numerics = dict(dtype=t.dtype, dropout_rate=t.dropout_rate, scan_layers=t.scan_layers,
                   remat_policy=t.remat_policy)
-  loaded_cfg, params, report, fmt = load_model(
+  loaded_cfg, params, report, fmt = loader.load_model(
       path, pooling=model_config.pooling, embedding_dim=model_config.embedding_dim,
       fresh_projection=(init_projection == "fresh"), rng=jax.random.PRNGKey(seed + 1), t5_overrides=numerics)
   if loaded_cfg.t5 != t:
@@ -454,9 +467,8 @@ def _load_pretrained(path: str, model_config: ST5Config, init_projection: str, s
 
 
 def _loop(setup: Setup, state: TrainState, iterator: BatchIterator, mngr, writer: _MetricWriter,
-          tc: TrainConfig, *, start_step: int, progress: bool, model_config: ST5Config,
-          eval_data_dir: str | None, vocab_file: str, summary: dict[str, Any],
-          stop_after_steps: int | None) -> TrainResult:
+          tc: TrainConfig, *, start_step: int, progress: bool, sts_dev_eval: Callable[[Any], float | None],
+          summary: dict[str, Any], stop_after_steps: int | None) -> TrainResult:
   step = start_step
   end = tc.num_train_steps if stop_after_steps is None else min(tc.num_train_steps, start_step + stop_after_steps)
   bar = None
@@ -471,16 +483,20 @@ def _loop(setup: Setup, state: TrainState, iterator: BatchIterator, mngr, writer
   def meta_for(step_: int) -> dict[str, Any]:
     return {"step": step_, "data_state": iterator.get_state(), "seed": tc.seed, "time": time.time()}
 
+  step_fn = None
   with _StopFlag() as stop:
     while step < end:
       batch = next(iterator)
-      state, metrics = setup.step_fn(state, batch)
+      if step_fn is None:
+        step_fn = multihost.compile_together(setup.step_fn, state, batch, name="train_step")
+      state, metrics = step_fn(state, batch)
       step += 1
+      stopping = stop.should_stop(step)
       steps_since += 1
       examples_since += tc.global_batch_size
       tokens_since += tc.global_batch_size * _tokens_per_example(batch)
       is_ckpt = step % tc.checkpoint_every == 0 or step == end
-      is_log = step % tc.log_every == 0 or is_ckpt or step == end or stop.signum is not None
+      is_log = step % tc.log_every == 0 or is_ckpt or step == end or stopping
       if is_log:
         host = {k: float(v) for k, v in jax.device_get(metrics).items()}
         if not (math.isfinite(host["loss"]) and math.isfinite(host["grad_norm"])):
@@ -499,14 +515,17 @@ def _loop(setup: Setup, state: TrainState, iterator: BatchIterator, mngr, writer
         if bar:
           bar.set_postfix(loss=f"{host['loss']:.3f}", acc=f"{host['accuracy']:.2f}",
                           ex_s=f"{host['examples_per_sec']:.0f}", refresh=False)
+        elif _is_lead():  # no progress bar (pods, logs): one line per logged step
+          log.info("step %d/%d: loss %.4f, accuracy %.3f, %.0f examples/s", step, tc.num_train_steps,
+                   host["loss"], host["accuracy"], host["examples_per_sec"])
       if bar:
         bar.update(1)
       if tc.eval_every > 0 and step % tc.eval_every == 0 and step != tc.num_train_steps:
-        score = sts_dev_eval(model_config, state.params, data_dir=eval_data_dir, vocab_file=vocab_file)
+        score = sts_dev_eval(state.params)
         if score is not None:
           writer.write(step, {"stsb_dev_spearman": score}, prefix="eval")
           log.info("step %d: STS-B dev Spearman %.2f", step, score)
-      if stop.signum is not None:
+      if stopping:
         interrupted = signal.Signals(stop.signum).name
         save_state(mngr, state, meta_for(step), force=True)
         break
@@ -520,7 +539,7 @@ def _loop(setup: Setup, state: TrainState, iterator: BatchIterator, mngr, writer
   summary.update({"last_step": step, "train_seconds_this_run": round(elapsed, 1),
                   "final_metrics": last_metrics, "interrupted_by": interrupted})
   if step == tc.num_train_steps and interrupted is None:
-    after = sts_dev_eval(model_config, state.params, data_dir=eval_data_dir, vocab_file=vocab_file)
+    after = sts_dev_eval(state.params)
     summary["stsb_dev_spearman_after"] = after
     if after is not None:
       writer.write(step, {"stsb_dev_spearman": after}, prefix="eval")

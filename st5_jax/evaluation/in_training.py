@@ -1,0 +1,88 @@
+"""Evaluation inside a training run: the run's sharded parameters, one compiled encoder.
+
+The training parameters stay where they are (sharded over the mesh, possibly over
+several processes); every process calls the encoder with the same texts and gets the
+same embeddings back. Batches have one fixed shape per length bucket, so the encoder
+is compiled once per bucket for the whole run, not at every evaluation.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from st5_jax import multihost, partitioning
+from st5_jax import vocab as vocab_lib
+from st5_jax.configs import ST5Config
+from st5_jax.encoder import length_bucket
+from st5_jax.evaluation.sts import sts_dev_spearman
+from st5_jax.model.st5 import SentenceT5
+
+log = logging.getLogger(__name__)
+
+
+class ShardedEncoder:
+  """texts -> float32 [N, D] embeddings with parameters laid out as in training.
+
+  Call with the same texts on every process (a collective runs per batch). The batch
+  is split over the mesh's batch axes; the output is replicated, so each process reads
+  all of it locally.
+  """
+
+  def __init__(self, model_config: ST5Config, *, mesh: Mesh, boxed_params: Any, param_shardings: Any,
+               rules, tokenizer: vocab_lib.Tokenizer, batch_size: int = 128):
+    cfg = model_config.replace(t5=model_config.t5.replace(dropout_rate=0.0))
+    model = SentenceT5(cfg)
+    shards = partitioning.num_batch_shards(mesh)
+    self.batch_size = max(shards, -(-batch_size // shards) * shards)  # a multiple of the batch shards
+    self.max_length = cfg.max_length
+    self.tokenizer = tokenizer
+    self.mesh, self.rules = mesh, rules
+    self._in_sharding = partitioning.batch_sharding(mesh)
+    is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
+
+    def apply(params, tokens_BxL):
+      # Re-boxed like the train step's tower, so scanned fsdp layers are gathered one at a time.
+      params = jax.tree.map(lambda box, x: box.replace_boxed(x), boxed_params, params, is_leaf=is_box)
+      with partitioning.with_rules(rules):
+        return model.apply({"params": params}, tokens_BxL)
+
+    self._apply = jax.jit(apply, in_shardings=(param_shardings, self._in_sharding),
+                          out_shardings=partitioning.replicated(mesh))
+    self._compiled = {}  # (B, L) -> executable: one compile per length bucket for the run
+
+  def __call__(self, params: Any, texts: Sequence[str]) -> np.ndarray:
+    rows = self.tokenizer.encode(list(texts), max_length=self.max_length)
+    order = np.argsort([-len(r) for r in rows], kind="stable")
+    out_NxD = None
+    B = self.batch_size
+    with jax.set_mesh(self.mesh):
+      for start in range(0, len(rows), B):
+        idx = order[start:start + B]
+        L = length_bucket(max(len(rows[i]) for i in idx), self.max_length)
+        tokens_BxL = vocab_lib.pad_batch([rows[i] for i in idx] + [[]] * (B - len(idx)), L)
+        batch = jax.make_array_from_callback(tokens_BxL.shape, self._in_sharding, lambda i: tokens_BxL[i])
+        if tokens_BxL.shape not in self._compiled:
+          self._compiled[tokens_BxL.shape] = multihost.compile_together(self._apply, params, batch,
+                                                                        name=f"encode_{B}x{L}")
+        emb_BxD = np.asarray(self._compiled[tokens_BxL.shape](params, batch).addressable_data(0), np.float32)
+        if out_NxD is None:
+          out_NxD = np.zeros((len(rows), emb_BxD.shape[1]), np.float32)
+        out_NxD[idx] = emb_BxD[: len(idx)]
+    return out_NxD if out_NxD is not None else np.zeros((0, 0), np.float32)
+
+
+class StsDevEvaluator:
+  """STS-B dev Spearman x100 of the training parameters (every process gets the same value)."""
+
+  def __init__(self, encoder: ShardedEncoder, *, data_dir):
+    self.encoder = encoder
+    self.data_dir = data_dir
+
+  def __call__(self, params: Any) -> float:
+    return float(sts_dev_spearman(lambda texts: self.encoder(params, texts), data_dir=self.data_dir))
