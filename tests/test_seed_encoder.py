@@ -137,7 +137,8 @@ def test_random_spans_helper_lengths():
 
 
 def test_noise_mask_equals_numpy_rederivation():
-  for length in [1, 2, 3, 4, 7, 10, 20, 30, 33, 57, 100]:
+  # 190 and 350: float32 noise counts (TF's) differ from float64 rounding there.
+  for length in [1, 2, 3, 4, 7, 10, 20, 30, 33, 57, 100, 190, 350]:
     for s in range(3):
       seeds = tf.random.experimental.stateless_split(tf.constant([s, length], tf.int64), 2)
       got = sc.random_spans_noise_mask(length, 0.15, seeds).numpy()
