@@ -99,7 +99,7 @@ SEED_MEMORIES = ("pooled", "projected")
 
 @dataclasses.dataclass(frozen=True)
 class SeedEncoderConfig:
-  """SEED-Encoder pre-training (st5_jax/objectives/seed_encoder.py): the weak decoder and its loss weight.
+  """SEED-Encoder pre-training (st5_jax/seed_encoder.py): the weak decoder and its loss weight.
 
   The weak decoder has the encoder's width (heads, MLP, dtype, dropout, scan and remat
   come from the run's T5Config), shares the token embedding (input and tied output),

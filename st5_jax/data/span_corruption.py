@@ -120,6 +120,7 @@ def nonnoise_span_to_unique_sentinel(tokens, noise_mask, vocabulary):
 def _non_empty(feature_key: str):
   def keep(x):
     return tf.not_equal(tf.size(x[feature_key]), 0)
+
   return keep
 
 
@@ -147,6 +148,7 @@ def select_random_chunk(dataset: tf.data.Dataset, *, max_length: int, feature_ke
 def reduce_concat_tokens(dataset: tf.data.Dataset, *, feature_key: str = "targets",
                          batch_size: int = 128) -> tf.data.Dataset:
   """Concatenates `batch_size` consecutive documents (padding stripped) into one."""
+
   def only_key(x):
     return {feature_key: x[feature_key]}
 
