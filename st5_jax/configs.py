@@ -93,6 +93,44 @@ class ST5Config:
     return cls(t5=T5Config(**t5), **d)
 
 
+# What the weak decoder of SEED-Encoder pre-training cross-attends to (one memory slot).
+SEED_MEMORIES = ("pooled", "projected")
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedEncoderConfig:
+  """SEED-Encoder pre-training (st5_jax/seed_encoder.py): the weak decoder and its loss weight.
+
+  The weak decoder has the encoder's width (heads, MLP, dtype, dropout, scan and remat
+  come from the run's T5Config), shares the token embedding (input and tied output),
+  and is dropped when the pre-trained work dir initialises an ST5 run.
+  """
+
+  # Decoder layers (the paper: 3; its 1-layer variant uses window 8).
+  num_layers: int = 3
+  # Self-attention window k: query i attends keys i-k < j <= i and position 0 (the start
+  # token), in every layer; the paper's k = 2.
+  window: int = 2
+  # The single memory vector: "pooled" is the ST5 pooling of ST5Config.pooling (first
+  # token, mean, or first decoder output) before the projection; "projected" is after the
+  # projection (needs embedding_dim), before L2 normalisation.
+  memory: str = "pooled"
+  # w in L = L_span + w * L_dec (the official code has an unused ratio field; 1.0 is its
+  # plain sum). 0 trains span corruption alone: the weak decoder is then not run.
+  decoder_loss_weight: float = 1.0
+
+  def __post_init__(self):
+    if self.num_layers < 1:
+      raise ValueError(f"SeedEncoderConfig.num_layers must be >= 1, got {self.num_layers}")
+    if self.window < 1:
+      raise ValueError(f"SeedEncoderConfig.window must be >= 1 (1: the token itself and the start "
+                       f"token only), got {self.window}")
+    if self.memory not in SEED_MEMORIES:
+      raise ValueError(f"SeedEncoderConfig.memory must be one of {SEED_MEMORIES}, got {self.memory!r}")
+    if self.decoder_loss_weight < 0:
+      raise ValueError(f"SeedEncoderConfig.decoder_loss_weight must be >= 0, got {self.decoder_loss_weight}")
+
+
 def _t5_1_0(emb, mlp, heads, head_dim, layers) -> T5Config:
   return T5Config(emb_dim=emb, mlp_dim=mlp, num_heads=heads, head_dim=head_dim,
                   num_encoder_layers=layers, num_decoder_layers=layers,

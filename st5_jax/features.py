@@ -8,3 +8,12 @@ RIGHT = "right_encoder_input_tokens"  # positives (`targets`)
 RIGHT_NEG = "right_negative_encoder_input_tokens"  # hard negatives (`negative_targets`)
 
 MODEL_FEATURE_NAMES = {"inputs": LEFT, "targets": RIGHT, "negative_targets": RIGHT_NEG}
+
+# SEED-Encoder pre-training batches (st5_jax/seed_encoder.py): t5x's encoder-decoder names
+# plus the weak decoder's targets, each int32 [B, length], 0-padded, EOS-terminated.
+SEED_ENCODER_INPUTS = "encoder_input_tokens"  # task feature `inputs`: text, noise spans -> sentinels
+SEED_DECODER_TARGETS = "decoder_target_tokens"  # `targets`: each sentinel followed by its span
+SEED_WEAK_DECODER_TARGETS = "weak_decoder_target_tokens"  # `uncorrupted`: the same text, uncorrupted
+
+SEED_MODEL_FEATURE_NAMES = {"inputs": SEED_ENCODER_INPUTS, "targets": SEED_DECODER_TARGETS,
+                            "uncorrupted": SEED_WEAK_DECODER_TARGETS}

@@ -38,7 +38,7 @@ from jax.sharding import Mesh
 from st5_jax import losses, multihost, partitioning, paths
 from st5_jax import vocab as vocab_lib
 from st5_jax.checkpoints import loader, native
-from st5_jax.configs import ST5Config
+from st5_jax.configs import SeedEncoderConfig, ST5Config
 from st5_jax.evaluation import in_training
 from st5_jax.features import LEFT, RIGHT, RIGHT_NEG  # noqa: F401  (re-exported for callers)
 from st5_jax.model.st5 import SentenceT5, abstract_params
@@ -79,6 +79,11 @@ class TrainConfig:
   eval_every: int = 0
   # GradCache: split the batch into this many sub-batches for the backward pass (0/1: off).
   grad_cache_chunks: int = 0
+  # The loss: "st5" (in-batch softmax above) or "seed_encoder" (pre-training: T5 span
+  # corruption + SEED-Encoder's weak decoder, st5_jax/seed_encoder.py, configured by
+  # `seed_encoder`; batches of st5_jax.features.SEED_* features).
+  objective: str = "st5"
+  seed_encoder: SeedEncoderConfig = SeedEncoderConfig()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,8 +137,15 @@ def make_embed_fn(model: SentenceT5, boxed_params: Any | None = None) -> EmbedFn
 
 
 def make_train_step(embed: EmbedFn, tx: optax.GradientTransformation, config: TrainConfig,
-                    schedule: optax.Schedule) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict]]:
-  """The pure step: embed both sides of the global batch, contrastive loss, Adafactor update."""
+                    schedule: optax.Schedule, *, value_and_grad: Callable | None = None,
+                    ) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict]]:
+  """The pure step: embed both sides of the global batch, contrastive loss, Adafactor update.
+
+  value_and_grad(params, batch, key) -> ((loss, metrics), grads) replaces the ST5 loss
+  (the seed_encoder objective; see `build`).
+  """
+  if (config.objective == "st5") != (value_and_grad is None):
+    raise ValueError(f"objective {config.objective!r} needs its value_and_grad (train.build makes it)")
   base_key = jax.random.PRNGKey(config.seed)
   loss_kw = dict(temperature=config.temperature, bidirectional=config.bidirectional,
                  label_smoothing=config.label_smoothing)
@@ -147,7 +159,9 @@ def make_train_step(embed: EmbedFn, tx: optax.GradientTransformation, config: Tr
 
   def train_step(state: TrainState, batch: dict[str, jax.Array]):
     key = jax.random.fold_in(base_key, state.step)
-    if config.grad_cache_chunks > 1:
+    if value_and_grad is not None:
+      (loss, metrics), grads = value_and_grad(state.params, batch, key)
+    elif config.grad_cache_chunks > 1:
       from st5_jax import grad_cache
       (loss, metrics), grads = grad_cache.value_and_grad(embed, state.params, batch, key,
                                                          chunks=config.grad_cache_chunks, loss_kw=loss_kw)
@@ -182,9 +196,14 @@ def build(model_config: ST5Config, train_config: TrainConfig, mesh: Mesh,
           rules=partitioning.DEFAULT_RULES) -> Setup:
   """Model, optimizer, abstract state and shardings, and the jitted step (not yet compiled)."""
   partitioning.check_batch_size(train_config.global_batch_size, mesh)
-  model = SentenceT5(model_config)
   tx, schedule = make_optimizer(train_config.optimizer, num_train_steps=train_config.num_train_steps)
-  boxed = abstract_params(model_config)
+  if train_config.objective == "seed_encoder":
+    from st5_jax import seed_encoder
+    model, boxed = seed_encoder.make_model(model_config, train_config.seed_encoder)
+  elif train_config.objective == "st5":
+    model, boxed = SentenceT5(model_config), abstract_params(model_config)
+  else:
+    raise ValueError(f"TrainConfig.objective must be 'st5' or 'seed_encoder', got {train_config.objective!r}")
   params_abs = nn.unbox(boxed)
   p_shard = partitioning.param_shardings(boxed, mesh, rules)
   opt_abs = jax.eval_shape(tx.init, params_abs)
@@ -193,7 +212,10 @@ def build(model_config: ST5Config, train_config: TrainConfig, mesh: Mesh,
   abstract_state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params_abs, opt_state=opt_abs)
   state_shardings = TrainState(step=rep, params=p_shard, opt_state=o_shard)
   batch_shard = partitioning.batch_sharding(mesh)
-  step = make_train_step(make_embed_fn(model, boxed), tx, train_config, schedule)
+  objective_vg = None
+  if train_config.objective == "seed_encoder":
+    objective_vg = seed_encoder.make_value_and_grad(model=model, boxed_params=boxed, train_config=train_config)
+  step = make_train_step(make_embed_fn(model, boxed), tx, train_config, schedule, value_and_grad=objective_vg)
 
   def step_with_rules(state, batch):
     with partitioning.with_rules(rules):

@@ -58,17 +58,23 @@ class SentenceT5(nn.Module):
 
   def pool(self, tokens_BxL: Array, *, deterministic: bool = True) -> Array:
     """Pooled T5 representation [B, D] before projection, float32."""
-    mask_BxL = tokens_BxL > 0
     encoded_BxLxD = self.encode(tokens_BxL, deterministic=deterministic)
+    return self.pool_encoded(encoded_BxLxD, tokens_BxL, deterministic=deterministic)
+
+  def pool_encoded(self, encoded_BxLxD: Array, tokens_BxL: Array, *, deterministic: bool = True) -> Array:
+    """`pool` of encoder outputs already computed (one encoder pass shared with other heads)."""
+    mask_BxL = tokens_BxL > 0
     pooling = self.config.pooling
     if pooling == "enc_first":
       return encoded_BxLxD[:, 0].astype(jnp.float32)
     if pooling == "enc_mean":
       return mean_pool(encoded_BxLxD, mask_BxL)
-    start_Bx1 = jnp.full((tokens_BxL.shape[0], 1), DECODER_START_ID, jnp.int32)
-    decoded_Bx1xD = self.decoder(self.token_embedder(start_Bx1), encoded_BxLxD, mask_BxL,
-                                 deterministic=deterministic)
-    return decoded_Bx1xD[:, 0].astype(jnp.float32)
+    if pooling == "encdec_first":
+      start_Bx1 = jnp.full((tokens_BxL.shape[0], 1), DECODER_START_ID, jnp.int32)
+      decoded_Bx1xD = self.decoder(self.token_embedder(start_Bx1), encoded_BxLxD, mask_BxL,
+                                   deterministic=deterministic)
+      return decoded_Bx1xD[:, 0].astype(jnp.float32)
+    raise ValueError(f"pooling {pooling!r} is not a function of the final encoder outputs")
 
   def __call__(self, tokens_BxL: Array, *, deterministic: bool = True) -> Array:
     x_BxD = self.pool(tokens_BxL, deterministic=deterministic)
