@@ -77,9 +77,11 @@ if [ "$LOCAL_POD" != 0 ]; then
   mapfile -d '' ARGS < <(worker_args "$GIN_PATH")
   PORT="${ST5_LOCAL_POD_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}"
   DEVICES="${ST5_LOCAL_POD_DEVICES:-4}"
+  # Other XLA flags pass through; the device count is the launcher's.
+  POD_XLA_FLAGS="$(sed 's/--xla_force_host_platform_device_count=[0-9]*//g' <<< "${XLA_FLAGS:-}") --xla_force_host_platform_device_count=$DEVICES"
   if [ "$DRY" = 1 ]; then
     for ((i = 0; i < LOCAL_POD; i++)); do
-      show env JAX_PLATFORMS=cpu "XLA_FLAGS=--xla_force_host_platform_device_count=$DEVICES" \
+      show env JAX_PLATFORMS=cpu "XLA_FLAGS=${POD_XLA_FLAGS# }" \
         "JAX_COORDINATOR_ADDRESS=127.0.0.1:$PORT" "JAX_NUM_PROCESSES=$LOCAL_POD" "JAX_PROCESS_ID=$i" st5 "${ARGS[@]}"
     done
     exit 0
@@ -92,7 +94,7 @@ if [ "$LOCAL_POD" != 0 ]; then
   trap 'forward INT' INT
   for ((i = 0; i < LOCAL_POD; i++)); do
     echo "[tpu_run] worker $i/$LOCAL_POD: $(show st5 "${ARGS[@]}")" >&2
-    JAX_PLATFORMS=cpu XLA_FLAGS="--xla_force_host_platform_device_count=$DEVICES" \
+    JAX_PLATFORMS=cpu XLA_FLAGS="${POD_XLA_FLAGS# }" \
       JAX_COORDINATOR_ADDRESS="127.0.0.1:$PORT" JAX_NUM_PROCESSES="$LOCAL_POD" JAX_PROCESS_ID="$i" \
       st5 "${ARGS[@]}" > >(trap '' TERM INT; exec sed -u "s/^/[worker $i] /") 2>&1 &
     PIDS+=("$!")

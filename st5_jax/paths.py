@@ -54,6 +54,11 @@ def configure_gcs() -> None:
   """
   # One GCS file client everywhere (epath's fsspec backend, i.e. gcsfs), not TF's.
   os.environ.setdefault("EPATH_USE_TF", "false")
+  import fsspec  # pylint: disable=g-import-not-at-top
+  for protocol in ("gs", "gcs"):
+    # No directory-listing cache: other processes, and tensorstore in this one, write
+    # to the same bucket (a cached listing missed new checkpoint steps).
+    fsspec.config.conf.setdefault(protocol, {})["use_listings_cache"] = False
   host = os.environ.get(EMULATOR_ENV)
   if not host:
     return
@@ -63,9 +68,8 @@ def configure_gcs() -> None:
   os.environ["GCE_METADATA_ROOT"] = netloc
   os.environ["NO_GCE_CHECK"] = "true"
   os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
-  import fsspec  # pylint: disable=g-import-not-at-top  (only with an emulator)
   for protocol in ("gs", "gcs"):
-    fsspec.config.conf.setdefault(protocol, {})["token"] = "anon"
+    fsspec.config.conf[protocol]["token"] = "anon"
 
 
 configure_gcs()
@@ -183,18 +187,29 @@ def glob(pattern: PathLike) -> list[str]:
 def walk_files(p: PathLike) -> Iterator[tuple[str, epath.Path]]:
   """(relative path, file) of every file under a directory."""
   root = path(p)
+  scheme = os.fspath(root).split("://", 1)[0] + "://" if is_remote(root) else ""
   for dirpath, _, files in root.walk():
+    dirpath = os.fspath(dirpath)
+    if scheme and not dirpath.startswith(scheme):  # gcsfs walks without the scheme
+      dirpath = scheme + dirpath
     for name in files:
       f = epath.Path(dirpath) / name
       yield os.path.relpath(os.fspath(f), os.fspath(root)), f
 
 
+def copy_file(src: PathLike, dst: PathLike, *, chunk_bytes: int = 1 << 24) -> None:
+  """Copies one file between any two locations (local <-> gs://), streaming."""
+  out = path(dst)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  with path(src).open("rb") as fin, out.open("wb") as fout:
+    while chunk := fin.read(chunk_bytes):
+      fout.write(chunk)
+
+
 def copy_tree(src: PathLike, dst: PathLike) -> None:
   """Copies a directory tree between any two locations (local <-> gs://)."""
   for rel, f in walk_files(src):
-    out = path(dst) / rel
-    out.parent.mkdir(parents=True, exist_ok=True)
-    f.copy(out, overwrite=True)
+    copy_file(f, path(dst) / rel)
 
 
 def remove_tree(p: PathLike) -> None:

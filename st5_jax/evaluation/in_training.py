@@ -52,11 +52,15 @@ class ShardedEncoder:
       with partitioning.with_rules(rules):
         return model.apply({"params": params}, tokens_BxL)
 
+    # Training may hold more than the tower (e.g. SEED-Encoder's weak decoder): encode with the tower's subtrees.
+    self._keys = tuple(boxed_params)
+    param_shardings = {k: param_shardings[k] for k in self._keys}
     self._apply = jax.jit(apply, in_shardings=(param_shardings, self._in_sharding),
                           out_shardings=partitioning.replicated(mesh))
     self._compiled = {}  # (B, L) -> executable: one compile per length bucket for the run
 
   def __call__(self, params: Any, texts: Sequence[str]) -> np.ndarray:
+    params = {k: params[k] for k in self._keys}
     rows = self.tokenizer.encode(list(texts), max_length=self.max_length)
     order = np.argsort([-len(r) for r in rows], kind="stable")
     out_NxD = None
