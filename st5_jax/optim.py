@@ -112,9 +112,9 @@ def plan_param(shape: Sequence[int], axes: Sequence[str | None] | None = None, *
 
 
 def logical_axes(boxed_params: Any) -> Any:
-  """The tree of logical axis names (tuples) of a boxed parameter tree."""
-  return jax.tree.map(lambda b: tuple(b.names), boxed_params,
-                      is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+  """The tree of logical axis names (tuples; None for an unannotated leaf) of a boxed tree."""
+  is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
+  return jax.tree.map(lambda b: tuple(b.names) if is_box(b) else None, boxed_params, is_leaf=is_box)
 
 
 def _plans(params: Any, param_axes: Any | None, min_dim_size_to_factor: int) -> tuple[list, Any]:
