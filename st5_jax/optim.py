@@ -1,9 +1,29 @@
 """Adafactor as t5x fine-tunes T5, and the paper's learning-rate schedule.
 
-Adafactor (optax.adafactor, whose defaults are t5x's fine-tuning settings): factored
-second moments for matrices whose two largest dims are >= 128, decay rate 0.8
-(beta2_t = 1 - t^-0.8), update clipping at RMS 1.0, updates scaled by the parameter's
-RMS (floored at epsilon2 = 1e-3), epsilon1 = 1e-30, no momentum.
+Adafactor (Shazeer & Stern 2018) with t5x's fine-tuning settings (t5x/adafactor.py):
+second-moment decay beta2_t = 1 - t^-0.8 (t = 1 at the first step), epsilon1 = 1e-30
+added to squared gradients, second moments factored into row and column means for
+parameters whose two largest dims are >= 128, update clipping at RMS 1.0, updates
+scaled by the learning rate times the parameter's RMS (floored at epsilon2 = 1e-3),
+optional momentum on the scaled update, no weight decay.
+
+Scanned stacks: a parameter dimension whose logical axis is `layers` (the stacked
+layers of `nn.scan`) is a batch dimension, as t5x maps it to `FactorDim.BATCH`. The
+factoring decision and the factored statistics leave it out (v_row and v_col keep it),
+and the update-clipping RMS and the parameter-scale RMS are taken within each layer,
+never across the stack. So each layer of a scanned stack gets exactly the update it
+would get as a separate (unrolled) parameter. Unlike t5x, which factors a scanned
+parameter by its axis names whatever their size, the size heuristic above decides for
+both layouts; the two agree for every T5 size (all factored dims >= 128), and the
+factored estimate is the same whichever of the two dims is called the row.
+`make_optimizer` learns the axes from `param_axes` (`logical_axes` of the boxed
+parameters); without them no dimension is a batch dimension.
+
+The optimizer state (`AdafactorState`) holds, per parameter, v_row/v_col (factored) or
+v (not factored), with (1,)-shaped placeholders in the unused slots, and m with
+momentum. `state_partition_specs` derives each leaf's PartitionSpec from its
+parameter's, dimension by dimension (v_row keeps the row dim's entry, v_col the
+column's), so the statistics live where their parameter's shards are.
 
 The optimizer state is always created fresh, so its step count starts at 0 when
 training starts from a pre-trained checkpoint (a carried-over count would start the
@@ -13,9 +33,19 @@ decay rate near 1).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, NamedTuple, Sequence
 
+import flax.linen as nn
+import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+from jax.sharding import PartitionSpec as P
+
+# Logical axis names that stack independent copies of a parameter (t5x FactorDim.BATCH).
+BATCH_AXIS_NAMES = ("layers",)
+# Floor of the parameter-scale RMS (t5x epsilon2).
+EPSILON2 = 1e-3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,12 +78,186 @@ def learning_rate_schedule(*, learning_rate: float, num_train_steps: int,
   return schedule
 
 
-def make_optimizer(config: OptimizerConfig, *, num_train_steps: int
+# ------------------------------------------------------------------- per-parameter plan
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamPlan:
+  """How Adafactor treats one parameter (static: from its shape and logical axes)."""
+
+  shape: tuple[int, ...]
+  batch_dims: tuple[int, ...]  # stacked copies (layers): never averaged over
+  rms_dims: tuple[int, ...]  # the others: clipping and parameter-scale RMS run over these
+  # (row, col) parameter dims of the factored second moment, or None (full v).
+  # v_row averages over col (keeps row), v_col averages over row (keeps col).
+  factored: tuple[int, int] | None
+
+
+def plan_param(shape: Sequence[int], axes: Sequence[str | None] | None = None, *,
+               min_dim_size_to_factor: int = 128, name: str = "") -> ParamPlan:
+  """t5x's rule: factor the two largest non-batch dims if the smaller is >= the minimum."""
+  shape = tuple(int(d) for d in shape)
+  if axes is not None and len(tuple(axes)) != len(shape):
+    raise ValueError(f"Parameter {name or '?'} of shape {shape} has logical axes {tuple(axes)}: one name per "
+                     "dimension is needed to find its `layers` (batch) dimension.")
+  batch = tuple(i for i, a in enumerate(axes or ()) if a in BATCH_AXIS_NAMES)
+  rest = [i for i in range(len(shape)) if i not in batch]
+  factored = None
+  if len(rest) >= 2:
+    by_size = sorted(rest, key=lambda i: shape[i])  # stable: equal sizes keep their order
+    row, col = by_size[-2], by_size[-1]
+    if shape[row] >= min_dim_size_to_factor:
+      factored = (row, col)
+  return ParamPlan(shape, batch, tuple(rest), factored)
+
+
+def logical_axes(boxed_params: Any) -> Any:
+  """The tree of logical axis names (tuples; None for an unannotated leaf) of a boxed tree."""
+  is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
+  return jax.tree.map(lambda b: tuple(b.names) if is_box(b) else None, boxed_params, is_leaf=is_box)
+
+
+def _plans(params: Any, param_axes: Any | None, min_dim_size_to_factor: int) -> tuple[list, Any]:
+  flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+  if param_axes is None:
+    axes = [None] * len(flat)
+  else:
+    try:
+      axes = treedef.flatten_up_to(param_axes)
+    except (ValueError, TypeError) as e:
+      raise ValueError("param_axes must have the structure of the parameters (one tuple of logical axis names "
+                       f"per parameter): {e}") from None
+  plans = [plan_param(np.shape(x), a, min_dim_size_to_factor=min_dim_size_to_factor,
+                      name=jax.tree_util.keystr(p)) for (p, x), a in zip(flat, axes)]
+  return plans, treedef
+
+
+# ----------------------------------------------------------------------- the transform
+
+
+class AdafactorState(NamedTuple):
+  count: jax.Array  # steps taken; the decay rate and the learning rate read it
+  v_row: Any  # per parameter: running mean of g^2 over the column dim (factored), else (1,)
+  v_col: Any  # per parameter: running mean of g^2 over the row dim (factored), else (1,)
+  v: Any  # per parameter: running g^2 (not factored), else (1,)
+  m: Any  # per parameter: momentum of the scaled update; None without momentum
+
+
+_PLACEHOLDER = (1,)
+
+
+def _state_shapes(plan: ParamPlan) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+  if plan.factored is None:
+    return _PLACEHOLDER, _PLACEHOLDER, plan.shape
+  row, col = plan.factored
+  drop = lambda d: tuple(s for i, s in enumerate(plan.shape) if i != d)  # noqa: E731
+  return drop(col), drop(row), _PLACEHOLDER
+
+
+def _rms(x, dims):
+  return jnp.sqrt(jnp.mean(x * x, axis=dims, keepdims=True))
+
+
+def scale_by_adafactor(config: OptimizerConfig, schedule: optax.Schedule, *,
+                       param_axes: Any | None = None) -> optax.GradientTransformation:
+  """Adafactor's update (learning rate and sign included: apply with optax.apply_updates)."""
+  if config.clipping_threshold is not None and config.clipping_threshold <= 0:
+    raise ValueError(f"clipping_threshold must be > 0 or None, got {config.clipping_threshold}")
+  if config.momentum is not None and not 0.0 <= config.momentum < 1.0:
+    raise ValueError(f"momentum must be in [0, 1) or None, got {config.momentum}")
+
+  def init_fn(params):
+    plans, treedef = _plans(params, param_axes, config.min_dim_size_to_factor)
+    shapes = [_state_shapes(p) for p in plans]
+    zeros = lambda i: treedef.unflatten([jnp.zeros(s[i], jnp.float32) for s in shapes])  # noqa: E731
+    m = treedef.unflatten([jnp.zeros(p.shape, jnp.float32) for p in plans]) if config.momentum is not None else None
+    return AdafactorState(count=jnp.zeros([], jnp.int32), v_row=zeros(0), v_col=zeros(1), v=zeros(2), m=m)
+
+  def update_fn(grads, state, params=None):
+    if params is None:
+      raise ValueError("Adafactor needs the parameters (parameter scale): call update(grads, state, params).")
+    plans, treedef = _plans(params, param_axes, config.min_dim_size_to_factor)
+    t = state.count.astype(jnp.float32) + 1.0
+    decay = 1.0 - t ** (-config.decay_rate)  # 0 at the first step: statistics start as this gradient's
+    lr = schedule(state.count)
+    leaves = [treedef.flatten_up_to(x) for x in (grads, params, state.v_row, state.v_col, state.v)]
+    ms = treedef.flatten_up_to(state.m) if config.momentum is not None else [None] * len(plans)
+    out = [_update_one(plan, g, p, vr, vc, v, m, decay=decay, lr=lr, config=config)
+           for plan, g, p, vr, vc, v, m in zip(plans, *leaves, ms)]
+    updates, v_row, v_col, v, m = ([o[i] for o in out] for i in range(5))
+    new_m = treedef.unflatten(m) if config.momentum is not None else None
+    new_state = AdafactorState(count=optax.safe_increment(state.count), v_row=treedef.unflatten(v_row),
+                               v_col=treedef.unflatten(v_col), v=treedef.unflatten(v), m=new_m)
+    return treedef.unflatten(updates), new_state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _update_one(plan: ParamPlan, g, p, v_row, v_col, v, m, *, decay, lr, config: OptimizerConfig):
+  g = g.astype(jnp.float32)
+  g2 = g * g + config.epsilon1
+  if plan.factored is not None:
+    row, col = plan.factored
+    v_row = decay * v_row + (1.0 - decay) * jnp.mean(g2, axis=col)
+    v_col = decay * v_col + (1.0 - decay) * jnp.mean(g2, axis=row)
+    # v_hat = v_row v_col / mean(v_row): the mean runs over the row dim only (per layer).
+    row_in_v_row = row if row < col else row - 1
+    row_factor = (v_row / jnp.mean(v_row, axis=row_in_v_row, keepdims=True)) ** -0.5
+    y = g * jnp.expand_dims(row_factor, col) * jnp.expand_dims(v_col ** -0.5, row)
+  else:
+    v = decay * v + (1.0 - decay) * g2
+    y = g * v ** -0.5
+  if config.clipping_threshold is not None:
+    y = y / jnp.maximum(1.0, _rms(y, plan.rms_dims) / config.clipping_threshold)
+  scale = lr
+  if config.multiply_by_parameter_scale:
+    scale = lr * jnp.maximum(_rms(p.astype(jnp.float32), plan.rms_dims), EPSILON2)
+  u = scale * y
+  if config.momentum is not None:
+    m = config.momentum * m + (1.0 - config.momentum) * u
+    u = m
+  return (-u).astype(p.dtype), v_row, v_col, v, m
+
+
+def make_optimizer(config: OptimizerConfig, *, num_train_steps: int, param_axes: Any | None = None
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """Adafactor with the paper's schedule. `param_axes`: `logical_axes(boxed_params)`."""
   schedule = learning_rate_schedule(learning_rate=config.learning_rate, num_train_steps=num_train_steps,
                                     constant_fraction=config.constant_fraction)
-  tx = optax.adafactor(learning_rate=schedule, min_dim_size_to_factor=config.min_dim_size_to_factor,
-                       decay_rate=config.decay_rate, multiply_by_parameter_scale=config.multiply_by_parameter_scale,
-                       clipping_threshold=config.clipping_threshold, momentum=config.momentum,
-                       eps=config.epsilon1)
-  return tx, schedule
+  return scale_by_adafactor(config, schedule, param_axes=param_axes), schedule
+
+
+# ---------------------------------------------------------------------------- sharding
+
+
+def _pad(spec: P, ndim: int) -> tuple:
+  entries = tuple(spec)
+  if len(entries) > ndim:
+    raise ValueError(f"PartitionSpec {spec} has more entries than the parameter's {ndim} dims")
+  return entries + (None,) * (ndim - len(entries))
+
+
+def state_partition_specs(config: OptimizerConfig, *, abstract_params: Any, param_specs: Any,
+                          param_axes: Any | None = None) -> AdafactorState:
+  """PartitionSpecs of the optimizer state, from each parameter's spec.
+
+  v and m: the parameter's spec; v_row: its spec without the column dim's entry;
+  v_col: without the row dim's; placeholders and the count: replicated.
+  """
+  plans, treedef = _plans(abstract_params, param_axes, config.min_dim_size_to_factor)
+  specs = [_pad(s, len(pl.shape)) for s, pl in zip(treedef.flatten_up_to(param_specs), plans)]
+  rep = P()
+
+  def keep(entries, drop):
+    return P(*(e for i, e in enumerate(entries) if i != drop))
+
+  v_row, v_col, v = [], [], []
+  for pl, s in zip(plans, specs):
+    if pl.factored is None:
+      v_row.append(rep), v_col.append(rep), v.append(P(*s))
+    else:
+      row, col = pl.factored
+      v_row.append(keep(s, col)), v_col.append(keep(s, row)), v.append(rep)
+  m = treedef.unflatten([P(*s) for s in specs]) if config.momentum is not None else None
+  return AdafactorState(count=rep, v_row=treedef.unflatten(v_row), v_col=treedef.unflatten(v_col),
+                        v=treedef.unflatten(v), m=m)

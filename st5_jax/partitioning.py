@@ -10,7 +10,7 @@ module alone decides where they go. Mesh axes:
 
 The batch is split over ("data", "fsdp"). Optimizer-state shardings are derived from
 the parameters' (t5x's approach), so a factored Adafactor row/column follows the
-parameter dimension it keeps.
+parameter dimension it keeps (`optimizer_state_shardings`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from st5_jax import optim
 
 MESH_AXES = ("data", "fsdp", "model")
 BATCH_AXES = ("data", "fsdp")
@@ -145,40 +147,20 @@ def param_shardings(boxed_abstract_params: Any, mesh: Mesh, rules=DEFAULT_RULES)
   return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
 
 
-def _path_names(path) -> tuple[str, ...]:
-  return tuple(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+def optimizer_state_shardings(optimizer_config: Any, boxed_abstract_params: Any, mesh: Mesh,
+                              rules=DEFAULT_RULES) -> Any:
+  """NamedShardings of the Adafactor state, derived from the parameters' specs.
 
-
-def derive_state_shardings(abstract_state: Any, abstract_params: Any, param_shardings_: Any, mesh: Mesh) -> Any:
-  """Shardings of optimizer state from the parameters they track.
-
-  A state leaf whose dict path ends with a parameter's path gets: the parameter's spec
-  when the shapes are equal; the spec with the reduced dimension dropped for factored
-  statistics (Adafactor's v_row / v_col); replicated otherwise (scalars, counts).
+  The optimizer knows which parameter dims each statistic keeps (st5_jax.optim
+  `state_partition_specs`: v_row keeps the row dim, v_col the column dim, a scanned
+  stack's `layers` dim stays in both), so each state leaf takes exactly those entries
+  of its parameter's spec -- never a guess from shapes, which goes wrong for square
+  kernels.
   """
-  by_path = {}
-  for (path, leaf), sharding in zip(jax.tree_util.tree_flatten_with_path(abstract_params)[0],
-                                    jax.tree.leaves(param_shardings_)):
-    by_path[_path_names(path)] = (leaf.shape, tuple(sharding.spec) + (None,) * (len(leaf.shape) - len(sharding.spec)))
-
-  def leaf_sharding(path, leaf):
-    names = _path_names(path)
-    for start in range(len(names)):
-      hit = by_path.get(names[start:])
-      if hit is None:
-        continue
-      pshape, pspec = hit
-      shape = tuple(leaf.shape)
-      if shape == pshape:
-        return NamedSharding(mesh, P(*pspec))
-      if len(shape) == len(pshape) - 1:
-        for drop in range(len(pshape)):
-          if pshape[:drop] + pshape[drop + 1:] == shape:
-            return NamedSharding(mesh, P(*(pspec[:drop] + pspec[drop + 1:])))
-      break
-    return NamedSharding(mesh, P())
-
-  return jax.tree_util.tree_map_with_path(leaf_sharding, abstract_state)
+  specs = optim.state_partition_specs(optimizer_config, abstract_params=nn.unbox(boxed_abstract_params),
+                                      param_specs=param_specs(boxed_abstract_params, rules),
+                                      param_axes=optim.logical_axes(boxed_abstract_params))
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
 
 
 def with_rules(rules=DEFAULT_RULES):

@@ -42,7 +42,7 @@ from st5_jax.configs import SeedEncoderConfig, ST5Config
 from st5_jax.evaluation import in_training
 from st5_jax.features import LEFT, RIGHT, RIGHT_NEG  # noqa: F401  (re-exported for callers)
 from st5_jax.model.st5 import SentenceT5, abstract_params
-from st5_jax.optim import OptimizerConfig, make_optimizer
+from st5_jax.optim import OptimizerConfig, logical_axes, make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,6 @@ def build(model_config: ST5Config, train_config: TrainConfig, mesh: Mesh,
           rules=partitioning.DEFAULT_RULES) -> Setup:
   """Model, optimizer, abstract state and shardings, and the jitted step (not yet compiled)."""
   partitioning.check_batch_size(train_config.global_batch_size, mesh)
-  tx, schedule = make_optimizer(train_config.optimizer, num_train_steps=train_config.num_train_steps)
   if train_config.objective == "seed_encoder":
     from st5_jax import seed_encoder
     model, boxed = seed_encoder.make_model(model_config, train_config.seed_encoder)
@@ -204,10 +203,13 @@ def build(model_config: ST5Config, train_config: TrainConfig, mesh: Mesh,
     model, boxed = SentenceT5(model_config), abstract_params(model_config)
   else:
     raise ValueError(f"TrainConfig.objective must be 'st5' or 'seed_encoder', got {train_config.objective!r}")
+  # The logical axes tell Adafactor which dim of a scanned stack is `layers` (per-layer statistics).
+  tx, schedule = make_optimizer(train_config.optimizer, num_train_steps=train_config.num_train_steps,
+                                param_axes=logical_axes(boxed))
   params_abs = nn.unbox(boxed)
   p_shard = partitioning.param_shardings(boxed, mesh, rules)
   opt_abs = jax.eval_shape(tx.init, params_abs)
-  o_shard = partitioning.derive_state_shardings(opt_abs, params_abs, p_shard, mesh)
+  o_shard = partitioning.optimizer_state_shardings(train_config.optimizer, boxed, mesh, rules)
   rep = partitioning.replicated(mesh)
   abstract_state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params_abs, opt_state=opt_abs)
   state_shardings = TrainState(step=rep, params=p_shard, opt_state=o_shard)
