@@ -76,6 +76,23 @@ class TrainConfig:
   eval_every: int = 0
   # GradCache: split the batch into this many sub-batches for the backward pass (0/1: off).
   grad_cache_chunks: int = 0
+  # The loss: "st5" (in-batch softmax above) or a ConSERT objective (st5_jax/consert/objective.py):
+  # "consert_unsup" (NT-Xent on two views of each LEFT sentence; also the sup-unsup and joint-unsup
+  # continuations, started with run.init_from) or "consert_joint" (NLI cross-entropy on LEFT, RIGHT,
+  # LABELS + weight x NT-Xent on each side's two views; needs ST5Config.nli_classes).
+  objective: str = "st5"
+  # ConSERT views: none, shuffle, token_cutoff, feature_cutoff, span_cutoff, dropout, adversarial
+  # (second view of consert_joint only); the rate is the cutoff/dropout rate, or FGV's eps.
+  consert_view1: str = "none"
+  consert_view1_rate: float = 0.0
+  consert_view2: str = "none"
+  consert_view2_rate: float = 0.0
+  consert_temperature: float = 0.1
+  # Multiplies the sum of NT-Xent's two directions (the official `cl_rate`; 0.3 x the paper's L_con).
+  consert_weight: float = 0.15
+  # The shuffle view: "positions" (per-example relative bias, faithful), "tokens" (permute token
+  # ids; equal for enc_mean and encdec_first, not enc_first), "auto" (tokens where equal).
+  consert_shuffle: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,8 +146,15 @@ def make_embed_fn(model: SentenceT5, boxed_params: Any | None = None) -> EmbedFn
 
 
 def make_train_step(embed: EmbedFn, tx: optax.GradientTransformation, config: TrainConfig,
-                    schedule: optax.Schedule) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict]]:
-  """The pure step: embed both sides of the global batch, contrastive loss, Adafactor update."""
+                    schedule: optax.Schedule, *, value_and_grad: Callable | None = None,
+                    ) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict]]:
+  """The pure step: embed both sides of the global batch, contrastive loss, Adafactor update.
+
+  value_and_grad(params, batch, key) -> ((loss, metrics), grads) replaces the ST5 loss
+  (the ConSERT objectives; see `build`).
+  """
+  if (config.objective == "st5") != (value_and_grad is None):
+    raise ValueError(f"objective {config.objective!r} needs its value_and_grad (train.build makes it)")
   base_key = jax.random.PRNGKey(config.seed)
   loss_kw = dict(temperature=config.temperature, bidirectional=config.bidirectional,
                  label_smoothing=config.label_smoothing)
@@ -144,7 +168,9 @@ def make_train_step(embed: EmbedFn, tx: optax.GradientTransformation, config: Tr
 
   def train_step(state: TrainState, batch: dict[str, jax.Array]):
     key = jax.random.fold_in(base_key, state.step)
-    if config.grad_cache_chunks > 1:
+    if value_and_grad is not None:
+      (loss, metrics), grads = value_and_grad(state.params, batch, key)
+    elif config.grad_cache_chunks > 1:
       from st5_jax import grad_cache
       (loss, metrics), grads = grad_cache.value_and_grad(embed, state.params, batch, key,
                                                          chunks=config.grad_cache_chunks, loss_kw=loss_kw)
@@ -190,7 +216,12 @@ def build(model_config: ST5Config, train_config: TrainConfig, mesh: Mesh,
   abstract_state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params_abs, opt_state=opt_abs)
   state_shardings = TrainState(step=rep, params=p_shard, opt_state=o_shard)
   batch_shard = partitioning.batch_sharding(mesh)
-  step = make_train_step(make_embed_fn(model, boxed), tx, train_config, schedule)
+  objective_vg = None
+  if train_config.objective != "st5":
+    from st5_jax.consert import objective as consert_objective
+    objective_vg = consert_objective.make_value_and_grad(model=model, boxed_params=boxed,
+                                                         train_config=train_config)
+  step = make_train_step(make_embed_fn(model, boxed), tx, train_config, schedule, value_and_grad=objective_vg)
 
   def step_with_rules(state, batch):
     with partitioning.with_rules(rules):
@@ -364,7 +395,7 @@ def sts_dev_eval(model_config: ST5Config, params: Any, *, data_dir: str | None, 
 
 
 def _tokens_per_example(batch: Mapping[str, jax.Array]) -> int:
-  return sum(int(v.shape[1]) for v in batch.values())
+  return sum(int(v.shape[1]) for v in batch.values() if v.ndim == 2)  # token features, not [B] labels
 
 
 def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: TrainConfig,
@@ -443,7 +474,8 @@ def _load_pretrained(path: str, model_config: ST5Config, init_projection: str, s
                   remat_policy=t.remat_policy)
   loaded_cfg, params, report, fmt = load_model(
       path, pooling=model_config.pooling, embedding_dim=model_config.embedding_dim,
-      fresh_projection=(init_projection == "fresh"), rng=jax.random.PRNGKey(seed + 1), t5_overrides=numerics)
+      fresh_projection=(init_projection == "fresh"), rng=jax.random.PRNGKey(seed + 1), t5_overrides=numerics,
+      nli_classes=model_config.nli_classes)
   if loaded_cfg.t5 != t:
     diffs = {f.name: (getattr(loaded_cfg.t5, f.name), getattr(t, f.name)) for f in dataclasses.fields(t)
              if getattr(loaded_cfg.t5, f.name) != getattr(t, f.name)}
