@@ -453,8 +453,9 @@ def test_objectives_train_through_build_on_a_mesh(objective_name, views, model, 
     for _ in range(6):
       state, m = setup.step_fn(state, next(it))
       history.append({k: float(v) for k, v in jax.device_get(m).items()})
-  assert all(np.isfinite(h["loss"]) for h in history)
-  assert history[-1]["loss"] < history[0]["loss"]
+  assert all(np.isfinite(h["loss"]) and h["grad_norm"] > 0 for h in history)
+  # Fixed data, fresh views every step: the loss falls on average.
+  assert np.mean([h["loss"] for h in history[-3:]]) < 0.9 * np.mean([h["loss"] for h in history[:3]])
   assert {"loss", "accuracy", "grad_norm", "learning_rate"} <= history[0].keys()
   if objective_name == "consert_joint":
     assert {"nli_loss", "nt_xent_premise", "nt_xent_hypothesis"} <= history[0].keys()
