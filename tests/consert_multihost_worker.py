@@ -11,14 +11,10 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
-from st5_jax import multihost  # noqa: E402
-
-multihost.maybe_initialize()
-
 import jax  # noqa: E402
 
 import synthetic  # noqa: E402
-from st5_jax import configs, optim, partitioning, train  # noqa: E402
+from st5_jax import configs, multihost, optim, partitioning, train  # noqa: E402
 
 # Shared with the test, which recomputes the first step's loss in one process.
 MODEL = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0, vocab_size=384), embedding_dim=16,
@@ -34,6 +30,7 @@ def train_config(steps):
 
 
 if __name__ == "__main__":
+  multihost.maybe_initialize()  # before any computation (the test imports this module for its configs)
   workdir, out_json, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
   result = train.train(workdir=workdir, model_config=MODEL, train_config=train_config(steps),
                        make_iterator=synthetic.sentences_factory(), mesh_config=partitioning.MeshConfig(data=-1),
