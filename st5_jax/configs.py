@@ -62,10 +62,16 @@ class ST5Config:
   normalize: bool = True
   # Longest token sequence (EOS included) the encoder sees at inference.
   max_length: int = 128
+  # Training-only NLI head (ConSERT / SBERT): a linear classifier over [u, v, |u-v|, max(u, v)^2]
+  # of the tower outputs with this many classes; 0 = none. Inference and export drop it
+  # (encoder.load_model); training keeps it in the parameters and checkpoints.
+  nli_classes: int = 0
 
   def __post_init__(self):
     if self.pooling not in POOLINGS:
       raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
+    if self.nli_classes < 0 or self.nli_classes == 1:
+      raise ValueError(f"nli_classes must be 0 (no head) or at least 2, got {self.nli_classes}")
 
   @property
   def uses_decoder(self) -> bool:

@@ -88,3 +88,49 @@ def in_batch_softmax_loss(left_BxD: Array, right_BxD: Array, right_neg_BxD: Arra
   if right_neg_BxD is not None:
     metrics["hard_negative_similarity"] = jnp.mean(jnp.diagonal(logits_BxC[:, B:]) * temperature)
   return loss, metrics
+
+
+def nt_xent_loss(a_BxD: Array, b_BxD: Array, *, temperature: float = 0.1) -> tuple[Array, dict[str, Array]]:
+  """NT-Xent (SimCLR; ConSERT eq. 10) between two views a, b of the same N sentences.
+
+  Views are L2-normalised here. Anchor a_i scores its positive b_i against b_j (j != i)
+  and a_k (k != i): 1 positive, 2N - 2 negatives; anchors b_i likewise. Returns the
+  paper's L_con, the mean over all 2N anchors, = (loss_a + loss_b) / 2 with loss_a,
+  loss_b the mean over each view's anchors (also in the metrics).
+
+  The official code (yym6472/ConSERT, AdvCLSoftmaxLoss._contrastive_loss_forward) returns
+  loss_a + loss_b = 2 L_con and multiplies that by its `cl_rate` 0.15; st5_jax.consert
+  keeps that convention for its weight, so the default 0.15 means 0.3 L_con.
+  """
+  a = a_BxD.astype(jnp.float32)
+  b = b_BxD.astype(jnp.float32)
+  a = a / jnp.maximum(jnp.linalg.norm(a, axis=-1, keepdims=True), 1e-12)
+  b = b / jnp.maximum(jnp.linalg.norm(b, axis=-1, keepdims=True), 1e-12)
+  N = a.shape[0]
+  self_mask_NxN = jnp.eye(N, dtype=bool)
+  sim_ab_NxN = a @ b.T
+  sim_aa_NxN = a @ a.T
+  sim_bb_NxN = b @ b.T
+
+  def one_direction(cross_NxN, same_NxN):
+    # [positives and cross-view negatives | same-view negatives without the anchor itself]
+    logits_Nx2N = jnp.concatenate([cross_NxN, jnp.where(self_mask_NxN, -jnp.inf, same_NxN)], axis=1) / temperature
+    xent_N = jax.nn.logsumexp(logits_Nx2N, axis=1) - jnp.diagonal(cross_NxN) / temperature
+    correct_N = jnp.argmax(logits_Nx2N, axis=1) == jnp.arange(N)
+    return jnp.mean(xent_N), correct_N
+
+  loss_a, correct_a = one_direction(sim_ab_NxN, sim_aa_NxN)
+  loss_b, correct_b = one_direction(sim_ab_NxN.T, sim_bb_NxN)
+  loss = 0.5 * (loss_a + loss_b)
+  off_diag = ~self_mask_NxN
+  metrics = {
+      "loss": loss,
+      "loss_a": loss_a,
+      "loss_b": loss_b,
+      "accuracy": jnp.mean(jnp.concatenate([correct_a, correct_b]).astype(jnp.float32)),
+      "positive_similarity": jnp.mean(jnp.diagonal(sim_ab_NxN)),
+      "negative_similarity": jnp.sum(jnp.where(off_diag, sim_ab_NxN, 0.0)) / max(N * (N - 1.0), 1.0),
+      "alignment": alignment(a, b),
+      "uniformity": uniformity(jnp.concatenate([a, b], axis=0)),
+  }
+  return loss, metrics

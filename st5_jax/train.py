@@ -63,6 +63,9 @@ class BatchIterator(Protocol):
 IteratorFactory = Callable[[Mesh, int, int], BatchIterator]
 
 
+OBJECTIVES = ("st5", "seed_encoder", "consert_unsup", "consert_joint")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
   num_train_steps: int
@@ -79,11 +82,27 @@ class TrainConfig:
   eval_every: int = 0
   # GradCache: split the batch into this many sub-batches for the backward pass (0/1: off).
   grad_cache_chunks: int = 0
-  # The loss: "st5" (in-batch softmax above) or "seed_encoder" (pre-training: T5 span
+  # The loss: "st5" (in-batch softmax above), "seed_encoder" (pre-training: T5 span
   # corruption + SEED-Encoder's weak decoder, st5_jax/seed_encoder.py, configured by
-  # `seed_encoder`; batches of st5_jax.features.SEED_* features).
+  # `seed_encoder`; batches of st5_jax.features.SEED_* features), or a ConSERT objective
+  # (st5_jax/consert/objective.py): "consert_unsup" (NT-Xent on two views of each LEFT
+  # sentence; also the sup-unsup and joint-unsup continuations, started with run.init_from)
+  # or "consert_joint" (NLI cross-entropy on LEFT, RIGHT, LABELS + weight x NT-Xent on each
+  # side's two views; needs ST5Config.nli_classes).
   objective: str = "st5"
   seed_encoder: SeedEncoderConfig = SeedEncoderConfig()
+  # ConSERT views: none, shuffle, token_cutoff, feature_cutoff, span_cutoff, dropout, adversarial
+  # (second view of consert_joint only); the rate is the cutoff/dropout rate, or FGV's eps.
+  consert_view1: str = "none"
+  consert_view1_rate: float = 0.0
+  consert_view2: str = "none"
+  consert_view2_rate: float = 0.0
+  consert_temperature: float = 0.1
+  # Multiplies the sum of NT-Xent's two directions (the official `cl_rate`; 0.3 x the paper's L_con).
+  consert_weight: float = 0.15
+  # The shuffle view: "positions" (per-example relative bias, faithful), "tokens" (permute token
+  # ids; equal for enc_mean and encdec_first, not enc_first), "auto" (tokens where equal).
+  consert_shuffle: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +161,7 @@ def make_train_step(embed: EmbedFn, tx: optax.GradientTransformation, config: Tr
   """The pure step: embed both sides of the global batch, contrastive loss, Adafactor update.
 
   value_and_grad(params, batch, key) -> ((loss, metrics), grads) replaces the ST5 loss
-  (the seed_encoder objective; see `build`).
+  (the seed_encoder and ConSERT objectives; see `build`).
   """
   if (config.objective == "st5") != (value_and_grad is None):
     raise ValueError(f"objective {config.objective!r} needs its value_and_grad (train.build makes it)")
@@ -199,10 +218,10 @@ def build(model_config: ST5Config, train_config: TrainConfig, mesh: Mesh,
   if train_config.objective == "seed_encoder":
     from st5_jax import seed_encoder
     model, boxed = seed_encoder.make_model(model_config, train_config.seed_encoder)
-  elif train_config.objective == "st5":
+  elif train_config.objective in OBJECTIVES:
     model, boxed = SentenceT5(model_config), abstract_params(model_config)
   else:
-    raise ValueError(f"TrainConfig.objective must be 'st5' or 'seed_encoder', got {train_config.objective!r}")
+    raise ValueError(f"TrainConfig.objective must be one of {OBJECTIVES}, got {train_config.objective!r}")
   # The logical axes tell Adafactor which dim of a scanned stack is `layers` (per-layer statistics).
   tx, schedule = make_optimizer(train_config.optimizer, num_train_steps=train_config.num_train_steps,
                                 param_axes=logical_axes(boxed))
@@ -217,6 +236,10 @@ def build(model_config: ST5Config, train_config: TrainConfig, mesh: Mesh,
   objective_vg = None
   if train_config.objective == "seed_encoder":
     objective_vg = seed_encoder.make_value_and_grad(model=model, boxed_params=boxed, train_config=train_config)
+  elif train_config.objective != "st5":
+    from st5_jax.consert import objective as consert_objective
+    objective_vg = consert_objective.make_value_and_grad(model=model, boxed_params=boxed,
+                                                         train_config=train_config)
   step = make_train_step(make_embed_fn(model, boxed), tx, train_config, schedule, value_and_grad=objective_vg)
 
   def step_with_rules(state, batch):
@@ -403,7 +426,7 @@ def make_sts_dev_eval(setup: Setup, model_config: ST5Config, *, data_dir: str | 
 
 
 def _tokens_per_example(batch: Mapping[str, jax.Array]) -> int:
-  return sum(int(v.shape[1]) for v in batch.values())
+  return sum(int(v.shape[1]) for v in batch.values() if v.ndim == 2)  # token features, not [B] labels
 
 
 def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: TrainConfig,
@@ -480,7 +503,8 @@ def _load_pretrained(path: str, model_config: ST5Config, init_projection: str, s
                   remat_policy=t.remat_policy)
   loaded_cfg, params, report, fmt = loader.load_model(
       path, pooling=model_config.pooling, embedding_dim=model_config.embedding_dim,
-      fresh_projection=(init_projection == "fresh"), rng=jax.random.PRNGKey(seed + 1), t5_overrides=numerics)
+      fresh_projection=(init_projection == "fresh"), rng=jax.random.PRNGKey(seed + 1), t5_overrides=numerics,
+      nli_classes=model_config.nli_classes)
   if loaded_cfg.t5 != t:
     diffs = {f.name: (getattr(loaded_cfg.t5, f.name), getattr(t, f.name)) for f in dataclasses.fields(t)
              if getattr(loaded_cfg.t5, f.name) != getattr(t, f.name)}

@@ -4,6 +4,7 @@ import jax
 import numpy as np
 
 from st5_jax import partitioning
+from st5_jax.features import LABELS
 from st5_jax.train import LEFT, RIGHT, RIGHT_NEG
 
 
@@ -56,3 +57,39 @@ class SyntheticPairs:
 
 def factory(**kw):
   return lambda mesh, batch_size, seed: SyntheticPairs(mesh, batch_size, seed, **kw)
+
+
+class SyntheticSentences(SyntheticPairs):
+  """ConSERT's unsupervised batches: single sentences under LEFT."""
+
+  def _global_batch(self, i):
+    return {LEFT: super()._global_batch(i)[LEFT]}
+
+
+class SyntheticNliPairs(SyntheticPairs):
+  """ConSERT's NLI batches: premise LEFT, hypothesis RIGHT, int32 class LABELS [B].
+
+  The label is a function of the pair (0: unrelated hypothesis, 1: near copy, 2: copy
+  with its second half replaced), so a classifier can learn it.
+  """
+
+  def _global_batch(self, i):
+    rng = np.random.default_rng([self.seed, i, 7])
+    b = super()._global_batch(i)
+    premise, near = b[LEFT], b[RIGHT]
+    labels = rng.integers(0, 3, size=self.B).astype(np.int32)
+    hyp = np.where(labels[:, None] == 0, b[RIGHT_NEG], near)
+    half = premise.copy()
+    for r in range(self.B):
+      n = int((premise[r] > 0).sum())
+      half[r, n // 2:n - 1] = rng.integers(3, self.vocab, size=max(n - 1 - n // 2, 0))
+    hyp = np.where(labels[:, None] == 2, half, hyp)
+    return {LEFT: premise, RIGHT: hyp.astype(np.int32), LABELS: labels}
+
+
+def sentences_factory(**kw):
+  return lambda mesh, batch_size, seed: SyntheticSentences(mesh, batch_size, seed, **kw)
+
+
+def nli_factory(**kw):
+  return lambda mesh, batch_size, seed: SyntheticNliPairs(mesh, batch_size, seed, **kw)

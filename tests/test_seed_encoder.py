@@ -16,7 +16,7 @@ from st5_jax import configs, features, optim, partitioning, seed_encoder, train
 from st5_jax.checkpoints import native, tree
 from st5_jax.data import span_corruption as sc
 from st5_jax.data.vocabulary import T5Vocabulary
-from st5_jax.encoder import load_model
+from st5_jax.checkpoints.loader import load_model
 from st5_jax.model import t5
 from st5_jax.model import weak_decoder as wd
 from st5_jax.model.st5 import SentenceT5

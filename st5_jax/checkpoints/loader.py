@@ -85,7 +85,7 @@ def read_flat(path: paths.PathLike, fmt: str) -> tuple[ST5Config, dict[str, Any]
 
 def load_model(path: paths.PathLike, *, pooling: str | None = None, embedding_dim: int | None | str = "auto",
                fresh_projection: bool = False, rng: jax.Array | None = None,
-               t5_overrides: dict[str, Any] | None = None,
+               t5_overrides: dict[str, Any] | None = None, nli_classes: int = 0,
                ) -> tuple[ST5Config, dict[str, Any], tree.LoadReport, str]:
   """(config, numpy parameter tree, load report, format) of any supported checkpoint.
 
@@ -94,6 +94,9 @@ def load_model(path: paths.PathLike, *, pooling: str | None = None, embedding_di
   an int adds a freshly initialised projection of that size when the checkpoint has
   none, or when `fresh_projection` is set (the start of contrastive training).
   `t5_overrides` replaces numerics fields (dtype, dropout_rate, scan_layers, ...).
+  `nli_classes`: the training-only NLI head (ST5Config.nli_classes) of the caller's
+  model: 0 (inference, export) drops a checkpoint's head; N keeps it, or initialises a
+  fresh one when the checkpoint has none (training from a ConSERT or plain ST5 model).
   """
   path = os.fspath(paths.path(path))
   fmt = detect_format(path)
@@ -116,6 +119,11 @@ def load_model(path: paths.PathLike, *, pooling: str | None = None, embedding_di
       fresh = ("projection_layer/",)
   if t5_overrides:
     changes["t5"] = config.t5.replace(**t5_overrides)
+  changes["nli_classes"] = nli_classes
+  if not nli_classes:
+    flat = {k: v for k, v in flat.items() if not k.startswith("nli_classifier/")}
+  elif "nli_classifier/kernel" not in flat:
+    fresh += ("nli_classifier/",)
   config = config.replace(**changes)
   params, report = tree.assemble(config, flat, source=src, fresh_ok=fresh,
                                  rng=rng if rng is not None else jax.random.PRNGKey(0))

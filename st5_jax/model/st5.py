@@ -8,7 +8,13 @@ before any logits). Then an optional bias-free projection to `embedding_dim`
 applies the same module (same parameters) to both sides.
 
 Parameter paths match t5x_retrieval's dual encoder: `token_embedder`, `encoder`,
-`decoder` (encdec_first only) and `projection_layer/kernel` [embed, affinity].
+`decoder` (encdec_first only) and `projection_layer/kernel` [embed, affinity]; a
+training-only `nli_classifier` (kernel, bias) when `config.nli_classes` > 0.
+
+Hooks for input augmentation (st5_jax/consert), all optional and absent by default:
+`embeddings_BxLxD` replaces the token-embedding output entering encoder block 0,
+`positions_BxL` gives per-example token positions for the relative-position bias, and
+`attention_mask_BxL` replaces the key mask (pooling still averages over `tokens > 0`).
 """
 
 from __future__ import annotations
@@ -28,6 +34,29 @@ def l2_normalize(x_BxD: Array, eps: float = 1e-12) -> Array:
   """x / max(||x||, eps), as torch.nn.functional.normalize (sentence-transformers)."""
   norm = jnp.sqrt(jnp.sum(jnp.square(x_BxD), axis=-1, keepdims=True))
   return x_BxD / jnp.maximum(norm, eps)
+
+
+def nli_pair_features(u_BxD: Array, v_BxD: Array) -> Array:
+  """[u, v, |u - v|, max(u, v)^2], float32 [B, 4D] (ConSERT's concatenation, official scripts)."""
+  u, v = u_BxD.astype(jnp.float32), v_BxD.astype(jnp.float32)
+  return jnp.concatenate([u, v, jnp.abs(u - v), jnp.square(jnp.maximum(u, v))], axis=-1)
+
+
+class NliClassifier(nn.Module):
+  """Linear classifier with bias over `nli_pair_features` (torch nn.Linear's uniform init)."""
+
+  num_classes: int
+
+  @nn.compact
+  def __call__(self, u_BxD: Array, v_BxD: Array) -> Array:
+    f_BxF = nli_pair_features(u_BxD, v_BxD)
+    # Axis names unknown to the rule table are replicated: the head is a few KB.
+    init = nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
+    kernel = self.param("kernel", nn.with_logical_partitioning(init, ("nli_features", "nli_classes")),
+                        (f_BxF.shape[-1], self.num_classes), jnp.float32)
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("nli_classes",)),
+                      (self.num_classes,), jnp.float32)
+    return f_BxF @ kernel + bias
 
 
 def mean_pool(x_BxLxD: Array, mask_BxL: Array) -> Array:
@@ -51,18 +80,33 @@ class SentenceT5(nn.Module):
     if self.config.embedding_dim is not None:
       self.projection_layer = t5.Dense(self.config.embedding_dim, axes=("embed", "affinity"),
                                        dtype=jnp.float32)
+    if self.config.nli_classes:
+      self.nli_classifier = NliClassifier(self.config.nli_classes)
 
-  def encode(self, tokens_BxL: Array, *, deterministic: bool = True) -> Array:
+  def embed_tokens(self, tokens_BxL: Array) -> Array:
+    """The token-embedding output [B, L, D] that enters encoder block 0."""
+    return self.token_embedder(tokens_BxL)
+
+  def encode(self, tokens_BxL: Array, *, deterministic: bool = True, embeddings_BxLxD: Array | None = None,
+             positions_BxL: Array | None = None, attention_mask_BxL: Array | None = None) -> Array:
     """Final-normed encoder outputs [B, L, D]."""
-    return self.encoder(self.token_embedder(tokens_BxL), tokens_BxL > 0, deterministic=deterministic)
+    x_BxLxD = self.token_embedder(tokens_BxL) if embeddings_BxLxD is None else embeddings_BxLxD
+    mask_BxL = tokens_BxL > 0 if attention_mask_BxL is None else attention_mask_BxL
+    return self.encoder(x_BxLxD, mask_BxL, deterministic=deterministic, positions_BxL=positions_BxL)
 
-  def pool(self, tokens_BxL: Array, *, deterministic: bool = True) -> Array:
-    """Pooled T5 representation [B, D] before projection, float32."""
-    encoded_BxLxD = self.encode(tokens_BxL, deterministic=deterministic)
-    return self.pool_encoded(encoded_BxLxD, tokens_BxL, deterministic=deterministic)
+  def pool(self, tokens_BxL: Array, *, deterministic: bool = True, **hooks) -> Array:
+    """Pooled T5 representation [B, D] before projection, float32. `hooks`: see module doc."""
+    encoded_BxLxD = self.encode(tokens_BxL, deterministic=deterministic, **hooks)
+    return self.pool_encoded(encoded_BxLxD, tokens_BxL, deterministic=deterministic,
+                             attention_mask_BxL=hooks.get("attention_mask_BxL"))
 
-  def pool_encoded(self, encoded_BxLxD: Array, tokens_BxL: Array, *, deterministic: bool = True) -> Array:
-    """`pool` of encoder outputs already computed (one encoder pass shared with other heads)."""
+  def pool_encoded(self, encoded_BxLxD: Array, tokens_BxL: Array, *, deterministic: bool = True,
+                   attention_mask_BxL: Array | None = None) -> Array:
+    """`pool` of encoder outputs already computed (one encoder pass shared with other heads).
+
+    Mean pooling averages over the tokens' own mask even when `attention_mask_BxL`
+    (ConSERT's span cutoff) hides keys, as the official ConSERT code does.
+    """
     mask_BxL = tokens_BxL > 0
     pooling = self.config.pooling
     if pooling == "enc_first":
@@ -71,17 +115,27 @@ class SentenceT5(nn.Module):
       return mean_pool(encoded_BxLxD, mask_BxL)
     if pooling == "encdec_first":
       start_Bx1 = jnp.full((tokens_BxL.shape[0], 1), DECODER_START_ID, jnp.int32)
-      decoded_Bx1xD = self.decoder(self.token_embedder(start_Bx1), encoded_BxLxD, mask_BxL,
+      decoded_Bx1xD = self.decoder(self.token_embedder(start_Bx1), encoded_BxLxD,
+                                   mask_BxL if attention_mask_BxL is None else attention_mask_BxL,
                                    deterministic=deterministic)
       return decoded_Bx1xD[:, 0].astype(jnp.float32)
     raise ValueError(f"pooling {pooling!r} is not a function of the final encoder outputs")
 
-  def __call__(self, tokens_BxL: Array, *, deterministic: bool = True) -> Array:
-    x_BxD = self.pool(tokens_BxL, deterministic=deterministic)
+  def __call__(self, tokens_BxL: Array, *, deterministic: bool = True, **hooks) -> Array:
+    x_BxD = self.pool(tokens_BxL, deterministic=deterministic, **hooks)
     if self.config.embedding_dim is not None:
       x_BxD = self.projection_layer(x_BxD)
     x_BxD = nn.with_logical_constraint(x_BxD, ("batch", "affinity"))
-    return l2_normalize(x_BxD) if self.config.normalize else x_BxD
+    out_BxD = l2_normalize(x_BxD) if self.config.normalize else x_BxD
+    if self.config.nli_classes and self.is_initializing():
+      self.nli_classifier(out_BxD, out_BxD)  # create the head's parameters with the tower's
+    return out_BxD
+
+  def classify(self, u_BxD: Array, v_BxD: Array) -> Array:
+    """NLI logits [B, nli_classes] of two tower outputs (training only)."""
+    if not self.config.nli_classes:
+      raise ValueError("This model has no NLI head; set ST5Config.nli_classes (3 for NLI).")
+    return self.nli_classifier(u_BxD, v_BxD)
 
 
 def init_params(config: ST5Config, rng: Array, *, length: int = 8):

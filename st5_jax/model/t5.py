@@ -118,13 +118,19 @@ def relative_position_buckets(q_len, k_len, *, bidirectional: bool, num_buckets:
   when they are static.
   """
   rel_QxK = jnp.arange(k_len)[None, :] - jnp.arange(q_len)[:, None]
-  buckets = jnp.zeros_like(rel_QxK)
+  return bucket_offsets(rel_QxK, bidirectional=bidirectional, num_buckets=num_buckets,
+                        max_distance=max_distance)
+
+
+def bucket_offsets(rel: Array, *, bidirectional: bool, num_buckets: int, max_distance: int) -> Array:
+  """Bucket ids of key-minus-query offsets `rel` (any shape), as `relative_position_buckets`."""
+  buckets = jnp.zeros_like(rel)
   if bidirectional:
     num_buckets //= 2
-    buckets += (rel_QxK > 0).astype(jnp.int32) * num_buckets
-    n = jnp.abs(rel_QxK)
+    buckets += (rel > 0).astype(jnp.int32) * num_buckets
+    n = jnp.abs(rel)
   else:
-    n = -jnp.minimum(rel_QxK, 0)
+    n = -jnp.minimum(rel, 0)
   max_exact = num_buckets // 2
   is_small = n < max_exact
   # max(n, 1) keeps log() finite where the small branch is taken anyway.
@@ -143,10 +149,17 @@ class RelativePositionBiases(nn.Module):
   bidirectional: bool
 
   @nn.compact
-  def __call__(self, q_len: int, k_len: int) -> Array:
+  def __call__(self, q_len: int, k_len: int, positions_BxL: Array | None = None) -> Array:
+    """[1, H, Q, K]; or [B, H, L, L] from per-example positions (offsets positions[k] - positions[q])."""
     table_HxR = _param(self, "rel_embedding",
                        nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
                        (self.num_heads, self.num_buckets), ("heads", "relpos_buckets"))
+    if positions_BxL is not None:
+      # ConSERT's token shuffle: token j sits at position positions[b, j] (st5_jax/consert).
+      rel_BxQxK = positions_BxL[:, None, :] - positions_BxL[:, :, None]
+      buckets_BxQxK = bucket_offsets(rel_BxQxK, bidirectional=self.bidirectional,
+                                     num_buckets=self.num_buckets, max_distance=self.max_distance)
+      return jnp.take(table_HxR, buckets_BxQxK, axis=1).transpose(1, 0, 2, 3)
     buckets_QxK = relative_position_buckets(q_len, k_len, bidirectional=self.bidirectional,
                                             num_buckets=self.num_buckets,
                                             max_distance=self.max_distance)
@@ -276,12 +289,14 @@ class Encoder(nn.Module):
   config: T5Config
 
   @nn.compact
-  def __call__(self, x_BxLxD: Array, mask_BxL: Array, *, deterministic: bool = True) -> Array:
+  def __call__(self, x_BxLxD: Array, mask_BxL: Array, *, deterministic: bool = True,
+               positions_BxL: Array | None = None) -> Array:
+    """`positions_BxL` (optional): per-example token positions for the relative bias."""
     cfg = self.config
     L = x_BxLxD.shape[1]
     bias = RelativePositionBiases(cfg.num_heads, cfg.relative_attention_num_buckets,
                                   cfg.relative_attention_max_distance, bidirectional=True,
-                                  name="relpos_bias")(L, L)
+                                  name="relpos_bias")(L, L, positions_BxL)
     # Only keys are masked (as in Hugging Face): outputs at padded positions are
     # well-defined, finite, and ignored by pooling.
     bias_BxHxLxL = bias + mask_to_bias(mask_BxL[:, None, None, :])
