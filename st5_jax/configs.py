@@ -64,7 +64,7 @@ class ST5Config:
   max_length: int = 128
   # Training-only NLI head (ConSERT / SBERT): a linear classifier over [u, v, |u-v|, max(u, v)^2]
   # of the tower outputs with this many classes; 0 = none. Inference and export drop it
-  # (encoder.load_model); training keeps it in the parameters and checkpoints.
+  # (checkpoints.loader.load_model); training keeps it in the parameters and checkpoints.
   nli_classes: int = 0
 
   def __post_init__(self):
