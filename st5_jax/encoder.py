@@ -71,7 +71,7 @@ def detect_format(path: str | os.PathLike) -> str:
 
 def load_model(path: str | os.PathLike, *, pooling: str | None = None, embedding_dim: int | None | str = "auto",
                fresh_projection: bool = False, rng: jax.Array | None = None,
-               t5_overrides: dict[str, Any] | None = None,
+               t5_overrides: dict[str, Any] | None = None, init_missing_head: bool = False,
                ) -> tuple[ST5Config, dict[str, Any], tree.LoadReport, str]:
   """(config, numpy parameter tree, load report, format) of any supported checkpoint.
 
@@ -80,6 +80,11 @@ def load_model(path: str | os.PathLike, *, pooling: str | None = None, embedding
   an int adds a freshly initialised projection of that size when the checkpoint has
   none, or when `fresh_projection` is set (the start of contrastive training).
   `t5_overrides` replaces numerics fields (dtype, dropout_rate, scan_layers, ...).
+
+  Layer-attention models: `pooling="enc_first"` / `"enc_mean"` removes the attention
+  head at inference (the last layer's first token / mean, then the trained projection);
+  `pooling="layer_attention"` on a checkpoint without the head is refused unless
+  `init_missing_head` (the start of training, which initialises it from `rng`).
   """
   from st5_jax.checkpoints import hf, native, sentence_transformers, t5x
 
@@ -115,6 +120,14 @@ def load_model(path: str | os.PathLike, *, pooling: str | None = None, embedding
     changes["embedding_dim"] = embedding_dim
     if embedding_dim is not None and not has_projection:
       fresh = ("projection_layer/",)
+  if changes.get("pooling", config.pooling) == "layer_attention" and not any(
+      k.startswith("layer_attention/") for k in flat):
+    if not init_missing_head:
+      raise ValueError(f"{path} has no layer-attention head (it was trained with {config.pooling} pooling), "
+                       "so pooling='layer_attention' would encode with random attention weights. Train one "
+                       "(st5 train with st5_model.pooling='layer_attention' and run.init_from) or load it "
+                       "with its own pooling.")
+    fresh += ("layer_attention/",)
   if t5_overrides:
     changes["t5"] = config.t5.replace(**t5_overrides)
   config = config.replace(**changes)

@@ -3,12 +3,14 @@
 Poolings (paper section 3): `enc_first` (encoder output of the first token),
 `enc_mean` (mean of encoder outputs over non-padding tokens), `encdec_first` (the
 first output of a decoder fed only the start token 0, after the final decoder norm and
-before any logits). Then an optional bias-free projection to `embedding_dim`
+before any logits), `layer_attention` (layer-wise attention pooling over the states of
+every encoder layer, st5_jax/model/layer_attention.py). Then an optional bias-free projection to `embedding_dim`
 (`embedding_dim=None` is the raw mode) and L2 normalisation in float32. A dual encoder
 applies the same module (same parameters) to both sides.
 
 Parameter paths match t5x_retrieval's dual encoder: `token_embedder`, `encoder`,
-`decoder` (encdec_first only) and `projection_layer/kernel` [embed, affinity].
+`decoder` (encdec_first only) and `projection_layer/kernel` [embed, affinity];
+`layer_attention/` holds the pooling head of layer_attention models.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import jax.numpy as jnp
 
 from st5_jax.configs import ST5Config
 from st5_jax.model import t5
+from st5_jax.model.layer_attention import LayerAttentionPooling
 from st5_jax.vocab import DECODER_START_ID
 
 Array = jax.Array
@@ -48,6 +51,8 @@ class SentenceT5(nn.Module):
     self.encoder = t5.Encoder(cfg)
     if self.config.uses_decoder:
       self.decoder = t5.Decoder(cfg)
+    if self.config.pooling == "layer_attention":
+      self.layer_attention = LayerAttentionPooling(self.config.layer_attention_token)
     if self.config.embedding_dim is not None:
       self.projection_layer = t5.Dense(self.config.embedding_dim, axes=("embed", "affinity"),
                                        dtype=jnp.float32)
@@ -59,8 +64,13 @@ class SentenceT5(nn.Module):
   def pool(self, tokens_BxL: Array, *, deterministic: bool = True) -> Array:
     """Pooled T5 representation [B, D] before projection, float32."""
     mask_BxL = tokens_BxL > 0
-    encoded_BxLxD = self.encode(tokens_BxL, deterministic=deterministic)
     pooling = self.config.pooling
+    if pooling == "layer_attention":
+      _, states_NxBxLxD = self.encoder(self.token_embedder(tokens_BxL), mask_BxL, deterministic=deterministic,
+                                       return_hidden_states=True,
+                                       norm_hidden_states=self.config.layer_attention_norm)
+      return self.layer_attention(states_NxBxLxD, mask_BxL, deterministic=deterministic)
+    encoded_BxLxD = self.encode(tokens_BxL, deterministic=deterministic)
     if pooling == "enc_first":
       return encoded_BxLxD[:, 0].astype(jnp.float32)
     if pooling == "enc_mean":
