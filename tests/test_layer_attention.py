@@ -334,3 +334,126 @@ def test_loss_options_are_checked():
     losses.in_batch_softmax_loss(jnp.ones((2, 3)), jnp.ones((2, 3)), similarity="l2")
   with pytest.raises(ValueError, match="layer_attention_token"):
     configs.ST5Config(pooling="layer_attention", layer_attention_token="last")
+
+
+# ------------------------------------------------------------------ load-time removal
+
+
+@pytest.fixture(scope="module")
+def lap_dir(tmp_path_factory, vocab_path):
+  """A layer_attention model folder (full T5 vocabulary, so real text encodes)."""
+  d = tmp_path_factory.mktemp("lap") / "model"
+  cfg = _lap_config()
+  params = jax.device_get(nn.unbox(init_params(cfg, jax.random.PRNGKey(4))))
+  params["layer_attention"]["dense_bias"] = np.asarray(
+      jax.random.normal(jax.random.PRNGKey(5), params["layer_attention"]["dense_bias"].shape) * 0.3)
+  native.save_model(d, cfg, params, step=5, vocab_file=vocab_path)
+  return d, cfg, params
+
+
+def _removed_reference(cfg, params, tokens, pooling):
+  """The last layer's first token / mean, then the projection and L2 norm: no head."""
+  from st5_jax.model import l2_normalize, mean_pool
+
+  enc = SentenceT5(cfg).apply({"params": params}, jnp.asarray(tokens), method=SentenceT5.encode)
+  pooled = enc[:, 0] if pooling == "enc_first" else mean_pool(enc, jnp.asarray(tokens) > 0)
+  return np.asarray(l2_normalize(pooled @ params["projection_layer"]["kernel"]))
+
+
+@pytest.mark.parametrize("pooling", ["enc_first", "enc_mean"])
+def test_head_removed_at_load_time(lap_dir, pooling):
+  d, cfg, params = lap_dir
+  full = SentenceEncoder.load(d)
+  assert full.config.pooling == "layer_attention"
+  removed = SentenceEncoder.load(d, pooling=pooling)
+  assert removed.config.pooling == pooling and removed.dim == full.dim == 16
+  assert sorted(removed.report.unused) == sorted(f"layer_attention/{k}" for k in params["layer_attention"])
+  assert "layer_attention" not in removed.params
+  tokens = removed.tokenizer.encode(SENTENCES[:3], max_length=16)
+  from st5_jax import vocab
+  batch = vocab.pad_batch(tokens, 16)
+  np.testing.assert_allclose(removed.encode_tokens(batch), _removed_reference(cfg, params, batch, pooling), atol=1e-5)
+  assert np.abs(full.encode(SENTENCES) - removed.encode(SENTENCES)).max() > 1e-3
+
+
+def test_a_model_without_a_head_is_not_read_with_one(tmp_path, vocab_path):
+  cfg = configs.ST5Config(t5=configs.t5_size("t5_tiny"), pooling="enc_mean", embedding_dim=16)
+  native.save_model(tmp_path / "m", cfg, jax.device_get(nn.unbox(init_params(cfg, jax.random.PRNGKey(0)))),
+                    vocab_file=vocab_path)
+  with pytest.raises(ValueError, match="no layer-attention head"):
+    SentenceEncoder.load(tmp_path / "m", pooling="layer_attention")
+  # The start of training initialises it (train.py's init_from does this).
+  loaded, params, report, _ = load_model(tmp_path / "m", pooling="layer_attention", init_missing_head=True,
+                                         rng=jax.random.PRNGKey(1))
+  assert loaded.pooling == "layer_attention"
+  assert sorted(report.missing_initialised) == sorted(f"layer_attention/{k}" for k in params["layer_attention"])
+
+
+def test_train_a_head_from_a_checkpoint_without_one(tmp_path, vocab_path):
+  base = configs.ST5Config(t5=configs.t5_size("t5_tiny", vocab_size=384, dropout_rate=0.0), embedding_dim=16)
+  base_params = jax.device_get(nn.unbox(init_params(base, jax.random.PRNGKey(0))))
+  native.save_model(tmp_path / "base", base, base_params, vocab_file=vocab_path)
+  tc = train.TrainConfig(num_train_steps=2, global_batch_size=16, checkpoint_every=100, log_every=1, eval_every=-1,
+                         **SIMCSE)
+  res = train.train(workdir=tmp_path / "work", model_config=base.replace(pooling="layer_attention"), train_config=tc,
+                    make_iterator=synthetic.factory(), vocab_file=vocab_path, progress=False,
+                    init_from=str(tmp_path / "base"))
+  assert res.step == 2 and np.isfinite(res.summary["final_metrics"]["loss"])
+  _, trained, _ = native.load_params(tmp_path / "work")
+  assert set(trained["layer_attention"]) == {"query_kernel", "key_kernel", "value_kernel", "dense_kernel", "dense_bias"}
+
+
+# ------------------------------------------------------------------ export
+
+
+def test_savedmodel_export_matches(lap_dir, tmp_path):
+  import tensorflow as tf
+  import tensorflow_text  # noqa: F401
+
+  from st5_jax.export import export_model
+
+  d, cfg, _ = lap_dir
+  out = tmp_path / "sm"
+  summary = export_model(d, format="savedmodel", out=out, platforms=("cpu",))
+  assert summary["pooling"] == "layer_attention"
+  ours = SentenceEncoder.load(d).encode(SENTENCES)
+  got = tf.saved_model.load(str(out))(tf.constant(SENTENCES))[0].numpy()
+  np.testing.assert_allclose(got, ours, atol=1e-5, rtol=0)
+  card = (out / "README.md").read_text()
+  assert "`layer_attention`: layer-wise attention pooling" in card and "removes that attention head" not in card
+  # st5_jax reads the head back from the SavedModel's variables.
+  config, params, _, fmt = load_model(out)
+  assert fmt == "savedmodel" and config.pooling == "layer_attention" and "layer_attention" in params
+  np.testing.assert_allclose(SentenceEncoder(config, params, tokenizer=SentenceEncoder.load(d).tokenizer)
+                             .encode(SENTENCES), ours, atol=1e-5)
+
+
+@pytest.mark.parametrize("pooling", [None, "enc_mean"])
+def test_sentence_transformers_export_is_the_removed_form(lap_dir, tmp_path, pooling):
+  from sentence_transformers import SentenceTransformer
+
+  from st5_jax.export import export_model
+
+  d, cfg, _ = lap_dir
+  out = tmp_path / "st"
+  summary = export_model(d, format="sentence-transformers", out=out, pooling=pooling)
+  expected = pooling or "enc_first"
+  assert summary["pooling"] == expected and summary["output_dim"] == cfg.output_dim
+  modules = [m["type"].rsplit(".", 1)[-1] for m in json.loads((out / "modules.json").read_text())]
+  assert modules == ["Transformer", "Pooling", "Dense", "Normalize"]
+  st = SentenceTransformer(str(out), device="cpu")
+  ours = SentenceEncoder.load(d, pooling=expected).encode(SENTENCES)
+  np.testing.assert_allclose(st.encode(SENTENCES, convert_to_numpy=True), ours, atol=1e-5, rtol=0)
+  card = (out / "README.md").read_text()
+  assert "## Pooling differs from training" in card and "trained with `layer_attention` pooling" in card
+  assert f"pools with `{expected}`" in card and "removes that attention head" in card
+
+
+def test_sentence_transformers_refuses_the_full_head(lap_dir, tmp_path):
+  from st5_jax.export import sentence_transformers
+  from st5_jax.export.sentence_transformers import UnsupportedExportError
+
+  _, cfg, params = lap_dir
+  with pytest.raises(UnsupportedExportError, match="removed-at-inference"):
+    sentence_transformers.export(config=cfg, flat=tree.flatten(params), vocab_file="unused", out=tmp_path / "x")
+  assert not (tmp_path / "x").exists()
