@@ -18,7 +18,8 @@ The encoder runs once per text; every form below is computed from its per-layer 
                  (calibration-dependent, not a load option)
 
 Calibration set: the distinct sentences of STS-B dev (no labels used). Prints a markdown
-table (STS per task and mean, alignment, uniformity) and the mean attention weight per layer.
+table (STS per task and mean, alignment, uniformity), the mean attention weight per layer,
+and the RMS of the raw (un-normed) residual stream per layer.
 """
 
 from __future__ import annotations
@@ -49,6 +50,16 @@ def _states(module, tokens_BxL):
   m = mask_BxL.astype(jnp.float32)
   mean_NxBxD = jnp.einsum("nbld,bl->nbd", states, m) / jnp.maximum(m.sum(1), 1e-9)[None, :, None]
   return jnp.swapaxes(c_NxBxD, 0, 1), jnp.swapaxes(mean_NxBxD, 0, 1), first_D
+
+
+def _raw_rms(module, tokens_BxL):
+  """Per layer: mean over non-padding tokens of the RMS of the raw residual stream h^l."""
+  mask_BxL = tokens_BxL > 0
+  _, states = module.encoder(module.token_embedder(tokens_BxL), mask_BxL, return_hidden_states=True,
+                             norm_hidden_states=False)
+  rms_NxBxL = jnp.sqrt(jnp.mean(jnp.square(states.astype(jnp.float32)), axis=-1))
+  m = mask_BxL.astype(jnp.float32)
+  return jnp.sum(rms_NxBxL * m, axis=(1, 2)) / jnp.sum(m)
 
 
 class Pieces:
@@ -122,6 +133,10 @@ def main():
   _, alpha, o = head(p, c.astype(np.float64), m.astype(np.float64))
   alpha_N = alpha.mean(axis=(0, 1))  # over sentences and queries
   o_mean = o.mean(0)
+  model = SentenceT5(enc.config)
+  rows = enc.tokenize(calib[:512])
+  raw_rms_N = np.asarray(model.apply({"params": enc.params}, jnp.asarray(vocab_lib.pad_batch(rows, max(map(len, rows)))),
+                                     method=_raw_rms))
   full_check = head(p, c[:64].astype(np.float64), m[:64].astype(np.float64))[0] @ proj if proj is not None else None
   if full_check is not None:
     np.testing.assert_allclose(_unit(full_check), enc.encode(calib[:64]), atol=1e-4)
@@ -161,9 +176,11 @@ def main():
           f"{geo.get('uniformity', float('nan')):.3f} |")
   print("\nmean attention weight per layer (h^0 .. h^L), STS-B dev sentences: "
         + ", ".join(f"{a:.3f}" for a in alpha_N))
+  print("RMS of the raw residual stream per layer (h^0 .. h^{L-1}; the last is the normed output), "
+        "512 STS-B dev sentences: " + ", ".join(f"{r:.3g}" for r in raw_rms_N))
   if args.output:
     with open(args.output, "w") as fh:
-      json.dump({"model": args.model, "alpha_mean": alpha_N.tolist(),
+      json.dump({"model": args.model, "alpha_mean": alpha_N.tolist(), "raw_rms": raw_rms_N.tolist(),
                  "forms": {k: {"summary": v["summary"], "tasks": {t: v["tasks"][t].get("main") for t in v["tasks"]}}
                            for k, v in results.items()}}, fh, indent=2)
 

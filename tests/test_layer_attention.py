@@ -62,7 +62,7 @@ def _np_layer_attention(states, mask, p, *, token, slopes=None):
   return np.tanh(cat @ p["dense_kernel"] + p["dense_bias"])
 
 
-def _random_states(seed, N=4, B=5, L=7, D=16):
+def _random_states(seed, N=4, B=5, L=7, D=24):  # N != sqrt(D): the 1/N scaling shows
   rng = np.random.default_rng(seed)
   states = rng.normal(size=(N, B, L, D)).astype(np.float32) * np.arange(1, N + 1)[:, None, None, None]
   lengths = np.array([7, 1, 3, 5, 2])[:B]
@@ -136,7 +136,7 @@ def test_gradient_reaches_every_layer():
                                         rngs={"dropout": jax.random.PRNGKey(5)})
       return jnp.sum(z * w)
 
-    g_NxBxLxD = np.asarray(jax.grad(f)(jnp.asarray(states)))
+    g_NxBxLxD = np.asarray(jax.jit(jax.grad(f))(jnp.asarray(states)))
     for n in range(states.shape[0]):  # every layer h^0..h^L, not just the last
       for b in range(states.shape[1]):
         assert np.abs(g_NxBxLxD[n, b]).sum() > 1e-6, (deterministic, n, b)
@@ -147,8 +147,8 @@ def test_gradient_reaches_every_layer():
   cfg = _lap_config(vocab_size=384, dropout_rate=0.0)
   params = nn.unbox(init_params(cfg, jax.random.PRNGKey(0)))
   tokens = jnp.array([[37, 182, 5, 1, 0, 0], [100, 1, 0, 0, 0, 0]])
-  grads = jax.grad(lambda q: jnp.sum(SentenceT5(cfg).apply({"params": q}, tokens, deterministic=False,
-                                                           rngs={"dropout": jax.random.PRNGKey(1)})[:, :3]))(params)
+  grads = jax.jit(jax.grad(lambda q: jnp.sum(SentenceT5(cfg).apply(
+      {"params": q}, tokens, deterministic=False, rngs={"dropout": jax.random.PRNGKey(1)})[:, :3])))(params)
   for name, g in tree.flatten(grads).items():
     if name != "token_embedder/embedding":  # only the rows of the tokens used
       assert np.all(np.isfinite(g)) and np.abs(g).max() > 0, name
