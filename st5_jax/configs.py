@@ -11,7 +11,9 @@ import dataclasses
 import json
 from typing import Any
 
-POOLINGS = ("enc_first", "enc_mean", "encdec_first")
+POOLINGS = ("enc_first", "enc_mean", "encdec_first", "layer_attention")
+# Token read as each layer's "[CLS]" by layer_attention pooling.
+LAYER_ATTENTION_TOKENS = ("first", "eos")
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
 
 
@@ -66,12 +68,21 @@ class ST5Config:
   # of the tower outputs with this many classes; 0 = none. Inference and export drop it
   # (checkpoints.loader.load_model); training keeps it in the parameters and checkpoints.
   nli_classes: int = 0
+  # layer_attention pooling (st5_jax/model/layer_attention.py): the token whose state in
+  # every layer is the query ("first", or the "eos" token), and whether the intermediate
+  # states go through the encoder's final RMS norm first (False: Hugging Face's
+  # `output_hidden_states`, raw residual streams).
+  layer_attention_token: str = "first"
+  layer_attention_norm: bool = True
 
   def __post_init__(self):
     if self.pooling not in POOLINGS:
       raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
     if self.nli_classes < 0 or self.nli_classes == 1:
       raise ValueError(f"nli_classes must be 0 (no head) or at least 2, got {self.nli_classes}")
+    if self.layer_attention_token not in LAYER_ATTENTION_TOKENS:
+      raise ValueError(f"layer_attention_token must be one of {LAYER_ATTENTION_TOKENS}, "
+                       f"got {self.layer_attention_token!r}")
 
   @property
   def uses_decoder(self) -> bool:

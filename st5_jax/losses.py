@@ -10,6 +10,11 @@ negative on every device and host):
            uniformity = log E_{x != y} e^{-2 ||f(x) - f(y)||^2}
 
 s is the dot product (= cosine for unit vectors) and t the temperature (0.01).
+
+SimCSE's supervised loss (Gao et al. 2021; also LayerAttPooler's, cl/models.py) is eq. 14
+with s the cosine, t = 0.05, and a constant `hard_negative_weight` added to the logit of
+each query's own hard negative (SimCSE's default 0, LayerAttPooler's 1.0):
+`in_batch_softmax_loss(..., similarity="cosine", hard_negative_weight=w)`.
 """
 
 from __future__ import annotations
@@ -56,17 +61,35 @@ def uniformity(x_NxD: Array) -> Array:
   return jax.nn.logsumexp(jnp.where(off_diag, -2.0 * sq_NxN, -jnp.inf)) - jnp.log(N * (N - 1.0))
 
 
+def _unit(x_BxD: Array) -> Array:
+  # As torch.nn.CosineSimilarity (eps 1e-8 on each norm).
+  return x_BxD / jnp.maximum(jnp.linalg.norm(x_BxD, axis=-1, keepdims=True), 1e-8)
+
+
 def in_batch_softmax_loss(left_BxD: Array, right_BxD: Array, right_neg_BxD: Array | None = None, *,
                           temperature: float = 0.01, bidirectional: bool = False,
-                          label_smoothing: float = 0.0) -> tuple[Array, dict[str, Array]]:
+                          label_smoothing: float = 0.0, similarity: str = "dot",
+                          hard_negative_weight: float = 0.0) -> tuple[Array, dict[str, Array]]:
   """Mean loss (eq. 13, or eq. 14 with hard negatives) and batch metrics.
 
   With `bidirectional`, the loss is the mean of the query->candidate term and an
   answer->question term (positives scored against all queries of the batch).
+  `similarity="cosine"` normalises the embeddings first; `hard_negative_weight` is added
+  to the logit of query i against its own hard negative i (SimCSE).
   """
+  if similarity not in ("dot", "cosine"):
+    raise ValueError(f"similarity must be 'dot' or 'cosine', got {similarity!r}")
   left_BxD = left_BxD.astype(jnp.float32)
   right_BxD = right_BxD.astype(jnp.float32)
+  if similarity == "cosine":
+    left_BxD, right_BxD = _unit(left_BxD), _unit(right_BxD)
+    right_neg_BxD = None if right_neg_BxD is None else _unit(right_neg_BxD.astype(jnp.float32))
   logits_BxC = contrastive_logits(left_BxD, right_BxD, right_neg_BxD, temperature=temperature)
+  B = left_BxD.shape[0]
+  sims_BxC = logits_BxC * temperature
+  if right_neg_BxD is not None and hard_negative_weight:
+    own_negative_BxC = jnp.pad(jnp.eye(B, dtype=jnp.float32), ((0, 0), (B, 0)))
+    logits_BxC = logits_BxC + hard_negative_weight * own_negative_BxC
   xent_B, correct_B = _softmax_xent(logits_BxC, label_smoothing)
   loss = jnp.mean(xent_B)
   if bidirectional:
@@ -74,8 +97,7 @@ def in_batch_softmax_loss(left_BxD: Array, right_BxD: Array, right_neg_BxD: Arra
     xent_rev_B, _ = _softmax_xent(logits_rev_BxB, label_smoothing)
     loss = 0.5 * (loss + jnp.mean(xent_rev_B))
 
-  B = left_BxD.shape[0]
-  sims_BxB = logits_BxC[:, :B] * temperature
+  sims_BxB = sims_BxC[:, :B]
   off_diag = ~jnp.eye(B, dtype=bool)
   metrics = {
       "loss": loss,
@@ -86,7 +108,7 @@ def in_batch_softmax_loss(left_BxD: Array, right_BxD: Array, right_neg_BxD: Arra
       "uniformity": uniformity(jnp.concatenate([left_BxD, right_BxD], axis=0)),
   }
   if right_neg_BxD is not None:
-    metrics["hard_negative_similarity"] = jnp.mean(jnp.diagonal(logits_BxC[:, B:]) * temperature)
+    metrics["hard_negative_similarity"] = jnp.mean(jnp.diagonal(sims_BxC[:, B:]))
   return loss, metrics
 
 

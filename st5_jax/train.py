@@ -64,6 +64,7 @@ IteratorFactory = Callable[[Mesh, int, int], BatchIterator]
 
 
 OBJECTIVES = ("st5", "seed_encoder", "consert_unsup", "consert_joint")
+LOSSES = ("st5", "simcse")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +104,30 @@ class TrainConfig:
   # The shuffle view: "positions" (per-example relative bias, faithful), "tokens" (permute token
   # ids; equal for enc_mean and encdec_first, not enc_first), "auto" (tokens where equal).
   consert_shuffle: str = "auto"
+  # "st5": the paper's in-batch softmax on dot products (eqs. 13-14). "simcse": SimCSE's
+  # supervised loss (LayerAttPooler's): cosine logits and `hard_negative_weight` added to
+  # each query's logit against its own hard negative (SimCSE 0, LayerAttPooler 1.0; their
+  # temperature is 0.05: set `temperature` too).
+  loss: str = "st5"
+  hard_negative_weight: float = 0.0
+
+  def __post_init__(self):
+    if self.loss not in LOSSES:
+      raise ValueError(f"TrainConfig.loss must be one of {LOSSES}, got {self.loss!r}")
+    if self.loss == "st5" and self.hard_negative_weight:
+      raise ValueError("TrainConfig.hard_negative_weight belongs to the SimCSE loss; set "
+                       "TrainConfig.loss = 'simcse' to use it (the ST5 loss has no hard-negative weight).")
+    if self.loss != "st5" and self.objective != "st5":
+      raise ValueError(f"TrainConfig.loss={self.loss!r} is a loss of the contrastive ST5 objective; "
+                       f"objective {self.objective!r} has its own loss (set loss='st5').")
+
+  def loss_kwargs(self) -> dict[str, Any]:
+    """Keyword arguments of losses.in_batch_softmax_loss for this run."""
+    kw = dict(temperature=self.temperature, bidirectional=self.bidirectional,
+              label_smoothing=self.label_smoothing)
+    if self.loss == "simcse":
+      kw.update(similarity="cosine", hard_negative_weight=self.hard_negative_weight)
+    return kw
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,8 +191,7 @@ def make_train_step(embed: EmbedFn, tx: optax.GradientTransformation, config: Tr
   if (config.objective == "st5") != (value_and_grad is None):
     raise ValueError(f"objective {config.objective!r} needs its value_and_grad (train.build makes it)")
   base_key = jax.random.PRNGKey(config.seed)
-  loss_kw = dict(temperature=config.temperature, bidirectional=config.bidirectional,
-                 label_smoothing=config.label_smoothing)
+  loss_kw = config.loss_kwargs()
 
   def loss_fn(params, batch, key):
     k_left, k_right, k_neg = jax.random.split(key, 3)
@@ -504,7 +528,7 @@ def _load_pretrained(path: str, model_config: ST5Config, init_projection: str, s
   loaded_cfg, params, report, fmt = loader.load_model(
       path, pooling=model_config.pooling, embedding_dim=model_config.embedding_dim,
       fresh_projection=(init_projection == "fresh"), rng=jax.random.PRNGKey(seed + 1), t5_overrides=numerics,
-      nli_classes=model_config.nli_classes)
+      nli_classes=model_config.nli_classes, init_missing_head=True)
   if loaded_cfg.t5 != t:
     diffs = {f.name: (getattr(loaded_cfg.t5, f.name), getattr(t, f.name)) for f in dataclasses.fields(t)
              if getattr(loaded_cfg.t5, f.name) != getattr(t, f.name)}

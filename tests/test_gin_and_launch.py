@@ -62,12 +62,13 @@ def test_run_files_state_what_they_target(name):
   assert spec.train_config.global_batch_size == (512 if stage2 else 2048)
   assert ("negative_targets" in lengths) == stage2
   assert spec.model.t5.dtype == "bfloat16" and spec.model.t5.scan_layers
-  assert spec.model.pooling == ("encdec_first" if "_encdec" in name else "enc_mean")
+  assert spec.model.pooling == ("layer_attention" if "_lap" in name else "encdec_first" if "_encdec" in name
+                                else "enc_mean")
   assert spec.init_from == ("/stage1/workdir" if stage2 else spec.init_from)
   if not stage2:
     assert spec.init_from.startswith("gs://t5-data/pretrained_models/t5x/")
   # The size in the name is the size in the config.
-  size = name.split("_enc")[0][len("st5_"):]
+  size = name.split("_enc")[0].split("_lap")[0][len("st5_"):]
   assert spec.model.t5 == configs.t5_size("t5_" + size.replace("1_1_", "1_1_"), dtype="bfloat16",
                                           dropout_rate=spec.model.t5.dropout_rate, scan_layers=True,
                                           remat_policy=spec.model.t5.remat_policy)

@@ -86,6 +86,7 @@ def read_flat(path: paths.PathLike, fmt: str) -> tuple[ST5Config, dict[str, Any]
 def load_model(path: paths.PathLike, *, pooling: str | None = None, embedding_dim: int | None | str = "auto",
                fresh_projection: bool = False, rng: jax.Array | None = None,
                t5_overrides: dict[str, Any] | None = None, nli_classes: int = 0,
+               init_missing_head: bool = False,
                ) -> tuple[ST5Config, dict[str, Any], tree.LoadReport, str]:
   """(config, numpy parameter tree, load report, format) of any supported checkpoint.
 
@@ -97,6 +98,11 @@ def load_model(path: paths.PathLike, *, pooling: str | None = None, embedding_di
   `nli_classes`: the training-only NLI head (ST5Config.nli_classes) of the caller's
   model: 0 (inference, export) drops a checkpoint's head; N keeps it, or initialises a
   fresh one when the checkpoint has none (training from a ConSERT or plain ST5 model).
+
+  Layer-attention models: `pooling="enc_first"` / `"enc_mean"` removes the attention
+  head at inference (the last layer's first token / mean, then the trained projection);
+  `pooling="layer_attention"` on a checkpoint without the head is refused unless
+  `init_missing_head` (the start of training, which initialises it from `rng`).
   """
   path = os.fspath(paths.path(path))
   fmt = detect_format(path)
@@ -117,6 +123,14 @@ def load_model(path: paths.PathLike, *, pooling: str | None = None, embedding_di
     changes["embedding_dim"] = embedding_dim
     if embedding_dim is not None and not has_projection:
       fresh = ("projection_layer/",)
+  if changes.get("pooling", config.pooling) == "layer_attention" and not any(
+      k.startswith("layer_attention/") for k in flat):
+    if not init_missing_head:
+      raise ValueError(f"{path} has no layer-attention head (it was trained with {config.pooling} pooling), "
+                       "so pooling='layer_attention' would encode with random attention weights. Train one "
+                       "(st5 train with st5_model.pooling='layer_attention' and run.init_from) or load it "
+                       "with its own pooling.")
+    fresh += ("layer_attention/",)
   if t5_overrides:
     changes["t5"] = config.t5.replace(**t5_overrides)
   changes["nli_classes"] = nli_classes

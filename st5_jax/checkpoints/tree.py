@@ -98,7 +98,7 @@ def unstack_layers(flat: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _known_t5_name(key: str) -> bool:
-  return bool(re.match(r"^(token_embedder|encoder|decoder|projection_layer|weak_decoder)(/|$)", key))
+  return bool(re.match(r"^(token_embedder|encoder|decoder|projection_layer|weak_decoder|layer_attention)(/|$)", key))
 
 
 def assemble(config: ST5Config, flat: Mapping[str, np.ndarray], *, source: str,

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 
+from st5_jax.configs import POOLINGS
+
 
 def register(sub: argparse._SubParsersAction) -> None:
   p = sub.add_parser("bench", help="Measure train-step and encode throughput on this backend.")
   p.add_argument("--size", default="t5_mini", help="T5 size (st5_jax/configs.py SIZES).")
-  p.add_argument("--pooling", default="enc_mean", choices=["enc_first", "enc_mean", "encdec_first"])
+  p.add_argument("--pooling", default="enc_mean", choices=list(POOLINGS))
   p.add_argument("--batch", type=int, default=64, help="Global batch size.")
   p.add_argument("--length", type=int, default=32, help="Tokens per sequence (every tower).")
   p.add_argument("--negatives", action="store_true", help="Add a hard-negative tower (stage 2).")

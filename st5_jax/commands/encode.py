@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from st5_jax.configs import POOLINGS
+
 
 def register(sub: argparse._SubParsersAction) -> None:
   p = sub.add_parser("encode", help="Encode sentences (one per line) to an .npy of embeddings.")
@@ -13,8 +15,9 @@ def register(sub: argparse._SubParsersAction) -> None:
   p.add_argument("--output", required=True, help="Where to write the float32 [N, D] .npy array.")
   p.add_argument("--batch_size", type=int, default=64)
   p.add_argument("--max_length", type=int, default=None, help="Token limit (EOS included); default: the model's.")
-  p.add_argument("--pooling", choices=["enc_first", "enc_mean", "encdec_first"], default=None,
-                 help="Override the pooling (needed for raw T5 checkpoints that do not record one).")
+  p.add_argument("--pooling", choices=list(POOLINGS), default=None,
+                 help="Override the pooling (needed for raw T5 checkpoints that do not record one; "
+                 "enc_first / enc_mean on a layer_attention model removes its attention head).")
   p.add_argument("--vocab", default=None, help="SentencePiece model (default: model folder, $ST5_VOCAB, $ST5_DATA_DIR).")
   p.add_argument("--no_progress", action="store_true")
   p.set_defaults(run=run)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import pathlib
 
+from st5_jax.configs import POOLINGS
+
 
 def register(sub: argparse._SubParsersAction) -> None:
   p = sub.add_parser("eval", help="Evaluate encoders on STS, SentEval transfer, SentGLUE and geometry.")
@@ -23,7 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
   p.add_argument("--compare", default="", help="Earlier results JSON files to show alongside, comma-separated.")
   p.add_argument("--batch_size", type=int, default=64)
   p.add_argument("--max_length", type=int, default=None, help="Token limit (EOS included); default: the model's.")
-  p.add_argument("--pooling", choices=["enc_first", "enc_mean", "encdec_first"], default=None)
+  p.add_argument("--pooling", choices=list(POOLINGS), default=None,
+                 help="Override the pooling of every --model (enc_first / enc_mean on a layer_attention "
+                 "model removes its attention head).")
   p.add_argument("--vocab", default=None,
                  help="SentencePiece model (default: model folder, $ST5_VOCAB, $ST5_DATA_DIR).")
   p.add_argument("--kfold", type=int, default=10, help="Folds of SentEval's cross-validations (SentEval: 10).")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from st5_jax.configs import POOLINGS
+
 
 def register(sub: argparse._SubParsersAction) -> None:
   p = sub.add_parser("export", help="Export a model as a TF SavedModel (strings in, embeddings out) or a "
@@ -14,8 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
   p.add_argument("--out", required=True, help="Directory to create.")
   p.add_argument("--vocab", default=None, help="SentencePiece model (default: model folder, $ST5_VOCAB, "
                  "$ST5_DATA_DIR); copied into the export.")
-  p.add_argument("--pooling", choices=["enc_first", "enc_mean", "encdec_first"], default=None,
-                 help="Override the pooling (needed for raw T5 checkpoints that do not record one).")
+  p.add_argument("--pooling", choices=list(POOLINGS), default=None,
+                 help="Override the pooling (needed for raw T5 checkpoints that do not record one; "
+                 "enc_first / enc_mean on a layer_attention model removes its attention head).")
   p.add_argument("--max_length", type=int, default=None,
                  help="Token limit (EOS included) baked into the export; default: the model's.")
   p.add_argument("--platforms", default="cpu,cuda,tpu",

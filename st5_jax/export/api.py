@@ -41,11 +41,20 @@ def export_model(model: paths.PathLike, *, format: str, out: paths.PathLike,  # 
   src = source.load_source(model, vocab=vocab, pooling=pooling, max_length=max_length)
   if format == "sentence-transformers":
     from st5_jax.export import sentence_transformers
+    if src.config.pooling == "layer_attention":
+      # sentence-transformers pools only the last layer: export the removed-at-inference
+      # form, and say so in the model card.
+      src = source.remove_layer_attention(src)
+      log.warning("%s uses layer_attention pooling, which sentence-transformers cannot express: exporting it "
+                  "with the attention head removed (%s of the last layer, then the projection); the model "
+                  "card says so. Pass --pooling enc_mean for the mean instead, or use --format savedmodel "
+                  "for the full model.", model, src.config.pooling)
     sentence_transformers.check_exportable(src.config)  # before any writing
   loaded = time.perf_counter()
   num_params = int(sum(v.size for v in src.flat.values()))
   card = model_card.collect(config=src.config, source=src.path, source_format=src.format, step=src.step,
-                            eval_results=eval_results, num_params=num_params)
+                            eval_results=eval_results, num_params=num_params,
+                            trained_pooling=src.trained_pooling)
   name = paths.path(out_path).name
   # The writers write local files: a gs:// destination is written locally, then uploaded.
   with paths.staged_output(out_path) as local_out:

@@ -27,6 +27,9 @@ _POOLING_TEXT = {
     "enc_first": "encoder output of the first token (ST5-Enc first)",
     "enc_mean": "mean of the encoder outputs over non-padding tokens (ST5-Enc mean)",
     "encdec_first": "first decoder output, the decoder fed only the start token (ST5-EncDec first)",
+    "layer_attention": ("layer-wise attention pooling (Oh et al. 2022): attention over the states of every "
+                        "encoder layer, queried by each layer's first token, concatenated with the last "
+                        "layer's first token, then a tanh dense layer"),
 }
 # Fields that do not change the weights or the math of inference.
 _NUMERICS = ("dtype", "scan_layers", "remat_policy", "dropout_rate")
@@ -87,13 +90,16 @@ class CardInfo:
   train_results: dict[str, Any] | None = None
   eval_rows: list[tuple[str, str, str, float]] = dataclasses.field(default_factory=list)
   num_params: int | None = None
+  # Set when the export pools differently from training (a removed layer-attention head).
+  trained_pooling: str | None = None
 
 
 def collect(*, config: ST5Config, source: str, source_format: str, step: int | None = None,
-            eval_results: Sequence[str] = (), num_params: int | None = None) -> CardInfo:
+            eval_results: Sequence[str] = (), num_params: int | None = None,
+            trained_pooling: str | None = None) -> CardInfo:
   """Gathers what is known about the model at `source` (robust to missing files)."""
   info = CardInfo(config=config, source=str(source), source_format=source_format, step=step,
-                  num_params=num_params)
+                  num_params=num_params, trained_pooling=trained_pooling)
   root = native.root(source) if source_format == "native" else None
   if root is not None:
     info.train_config = _read_json(paths.join(root, "train_config.json"))
@@ -207,6 +213,15 @@ def render(info: CardInfo, *, export_format: str, name: str = ".") -> str:
            "| Tokenizer | T5 SentencePiece vocabulary; EOS (id 1) appended, padding id 0 |"]
   if info.num_params:
     lines.append(f"| Parameters | {info.num_params:,} |")
+  if info.trained_pooling and info.trained_pooling != cfg.pooling:
+    lines += ["", "## Pooling differs from training", "",
+              f"This model was trained with `{info.trained_pooling}` pooling "
+              f"({_POOLING_TEXT[info.trained_pooling]}). This export **removes that attention head at "
+              f"inference**: it pools with `{cfg.pooling}` ({_POOLING_TEXT[cfg.pooling]}) and applies the "
+              "trained projection, so its embeddings are not those of the trained model (training scores "
+              "quoted below are the full model's). The paper reports that the gain of layer-wise attention "
+              "pooling survives this removal; st5_jax's docs/results.md measures what it keeps. The full "
+              "model exports with `st5 export --format savedmodel`."]
   tc, tr = info.train_config or {}, info.train_results or {}
   steps = tr.get("last_step", info.step)
   lines += ["", "## Training", "",

@@ -48,6 +48,11 @@ def check_exportable(config: ST5Config) -> None:
         "sentence-transformers Transformer module runs only the T5 encoder (T5EncoderModel) and its "
         "Pooling module only pools encoder token embeddings. Export it with --format savedmodel, or "
         "train an enc_first / enc_mean model for sentence-transformers.")
+  if config.pooling == "layer_attention":
+    raise UnsupportedExportError(
+        "layer_attention pooling cannot be exported to sentence-transformers as it is: it reads every encoder "
+        "layer, but the Pooling module sees only the last one. Export its removed-at-inference form (what "
+        "`st5 export` does for such a model, or pass --pooling enc_first / enc_mean), or use --format savedmodel.")
   acts = tuple(config.t5.mlp_activations)
   if acts not in _HF_ACTIVATIONS:
     raise UnsupportedExportError(

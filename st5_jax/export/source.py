@@ -24,6 +24,26 @@ class ExportSource:
   vocab_file: str
   # Checkpoint step of a native model folder / work dir; None when unknown.
   step: int | None = None
+  # The pooling the checkpoint was trained with, when the export uses another (a
+  # layer_attention model exported with its attention head removed).
+  trained_pooling: str | None = None
+
+
+# The form a layer_attention model takes where its pooling cannot be expressed
+# (sentence-transformers): the last layer's first token -- the c_L the head reads
+# directly -- then the trained projection. docs/results.md measures what it keeps.
+LAYER_ATTENTION_REMOVED_POOLING = "enc_first"
+
+
+def remove_layer_attention(src: ExportSource, *, pooling: str = LAYER_ATTENTION_REMOVED_POOLING) -> ExportSource:
+  """The layer_attention tower `src` with its attention head removed at inference."""
+  if src.config.pooling != "layer_attention":
+    raise ValueError(f"{src.path} is not a layer_attention model (pooling {src.config.pooling})")
+  if pooling not in ("enc_first", "enc_mean"):
+    raise ValueError(f"a removed layer-attention head leaves enc_first or enc_mean pooling, not {pooling!r}")
+  flat = {k: v for k, v in src.flat.items() if not k.startswith("layer_attention/")}
+  return dataclasses.replace(src, config=src.config.replace(pooling=pooling), flat=flat,
+                             trained_pooling="layer_attention")
 
 
 def load_source(path: paths.PathLike, *, vocab: str | None = None, pooling: str | None = None,
@@ -33,7 +53,7 @@ def load_source(path: paths.PathLike, *, vocab: str | None = None, pooling: str 
   # Numerics of the exported graph: fp32 activations (the parity promise), unrolled layers
   # (names stay per-layer), no rematerialisation (inference only).
   overrides: dict[str, Any] = {"dtype": "float32", "scan_layers": False, "remat_policy": "none"}
-  config, params, _, fmt = loader.load_model(path, pooling=pooling, t5_overrides=overrides)
+  config, params, report, fmt = loader.load_model(path, pooling=pooling, t5_overrides=overrides)
   if max_length is not None:
     if max_length < 1:
       raise ValueError(f"max_length must be >= 1, got {max_length}")
@@ -42,4 +62,6 @@ def load_source(path: paths.PathLike, *, vocab: str | None = None, pooling: str 
   del params
   vocab_file = loader.resolve_vocab(path, fmt, vocab)
   step = loader.model_step(path, fmt)
-  return ExportSource(path=path, format=fmt, config=config, flat=flat, vocab_file=vocab_file, step=step)
+  head_removed = any(k.startswith("layer_attention/") for k in report.unused)
+  return ExportSource(path=path, format=fmt, config=config, flat=flat, vocab_file=vocab_file, step=step,
+                      trained_pooling="layer_attention" if head_removed else None)

@@ -3,18 +3,21 @@
 Poolings (paper section 3): `enc_first` (encoder output of the first token),
 `enc_mean` (mean of encoder outputs over non-padding tokens), `encdec_first` (the
 first output of a decoder fed only the start token 0, after the final decoder norm and
-before any logits). Then an optional bias-free projection to `embedding_dim`
+before any logits), `layer_attention` (layer-wise attention pooling over the states of
+every encoder layer, st5_jax/model/layer_attention.py). Then an optional bias-free projection to `embedding_dim`
 (`embedding_dim=None` is the raw mode) and L2 normalisation in float32. A dual encoder
 applies the same module (same parameters) to both sides.
 
 Parameter paths match t5x_retrieval's dual encoder: `token_embedder`, `encoder`,
 `decoder` (encdec_first only) and `projection_layer/kernel` [embed, affinity]; a
-training-only `nli_classifier` (kernel, bias) when `config.nli_classes` > 0.
+training-only `nli_classifier` (kernel, bias) when `config.nli_classes` > 0;
+`layer_attention/` holds the pooling head of layer_attention models.
 
 Hooks for input augmentation (st5_jax/consert), all optional and absent by default:
 `embeddings_BxLxD` replaces the token-embedding output entering encoder block 0,
 `positions_BxL` gives per-example token positions for the relative-position bias, and
 `attention_mask_BxL` replaces the key mask (pooling still averages over `tokens > 0`).
+`layer_attention/` holds the pooling head of layer_attention models.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import jax.numpy as jnp
 
 from st5_jax.configs import ST5Config
 from st5_jax.model import t5
+from st5_jax.model.layer_attention import LayerAttentionPooling
 from st5_jax.vocab import DECODER_START_ID
 
 Array = jax.Array
@@ -77,6 +81,8 @@ class SentenceT5(nn.Module):
     self.encoder = t5.Encoder(cfg)
     if self.config.uses_decoder:
       self.decoder = t5.Decoder(cfg)
+    if self.config.pooling == "layer_attention":
+      self.layer_attention = LayerAttentionPooling(self.config.layer_attention_token)
     if self.config.embedding_dim is not None:
       self.projection_layer = t5.Dense(self.config.embedding_dim, axes=("embed", "affinity"),
                                        dtype=jnp.float32)
@@ -96,6 +102,15 @@ class SentenceT5(nn.Module):
 
   def pool(self, tokens_BxL: Array, *, deterministic: bool = True, **hooks) -> Array:
     """Pooled T5 representation [B, D] before projection, float32. `hooks`: see module doc."""
+    if self.config.pooling == "layer_attention":
+      x_BxLxD = self.token_embedder(tokens_BxL) if hooks.get("embeddings_BxLxD") is None else hooks[
+          "embeddings_BxLxD"]
+      attention_mask_BxL = hooks.get("attention_mask_BxL")
+      _, states_NxBxLxD = self.encoder(x_BxLxD, tokens_BxL > 0 if attention_mask_BxL is None else attention_mask_BxL,
+                                       deterministic=deterministic, positions_BxL=hooks.get("positions_BxL"),
+                                       return_hidden_states=True,
+                                       norm_hidden_states=self.config.layer_attention_norm)
+      return self.layer_attention(states_NxBxLxD, tokens_BxL > 0, deterministic=deterministic)
     encoded_BxLxD = self.encode(tokens_BxL, deterministic=deterministic, **hooks)
     return self.pool_encoded(encoded_BxLxD, tokens_BxL, deterministic=deterministic,
                              attention_mask_BxL=hooks.get("attention_mask_BxL"))
@@ -106,6 +121,7 @@ class SentenceT5(nn.Module):
 
     Mean pooling averages over the tokens' own mask even when `attention_mask_BxL`
     (ConSERT's span cutoff) hides keys, as the official ConSERT code does.
+    layer_attention reads every layer, not the final outputs: use `pool`.
     """
     mask_BxL = tokens_BxL > 0
     pooling = self.config.pooling

@@ -262,8 +262,27 @@ class DecoderLayer(nn.Module):
     return y, None
 
 
-def _stack(layer_cls, cfg: T5Config, deterministic: bool, num_layers: int, num_broadcast: int):
-  """Returns a callable building the layer stack: a python loop or one nn.scan."""
+def _collecting(layer_cls):
+  """The layer, also returning its input as the per-step output (the stack's h^0..h^{L-1})."""
+
+  class Collecting(layer_cls):
+    def __call__(self, x, *args):
+      y, _ = super().__call__(x, *args)
+      return y, x
+
+  Collecting.__name__ = Collecting.__qualname__ = layer_cls.__name__
+  return Collecting
+
+
+def _stack(layer_cls, cfg: T5Config, deterministic: bool, num_layers: int, num_broadcast: int,
+           collect: bool = False):
+  """Returns a callable building the layer stack: a python loop or one nn.scan.
+
+  With `collect`, the callable returns (output, inputs_NxBxLxD): the input of every
+  layer stacked on a leading axis (scan's per-step outputs), i.e. h^0..h^{N-1}.
+  """
+  if collect:
+    layer_cls = _collecting(layer_cls)
   if cfg.remat_policy != "none":
     # prevent_cse is only needed outside scan (scan already blocks CSE across steps).
     layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[cfg.remat_policy],
@@ -274,23 +293,34 @@ def _stack(layer_cls, cfg: T5Config, deterministic: bool, num_layers: int, num_b
                       metadata_params={nn.PARTITION_NAME: "layers"})
 
     def run(x, *args):
-      return scanned(cfg, deterministic, name="layers")(x, *args)[0]
+      x, inputs = scanned(cfg, deterministic, name="layers")(x, *args)
+      return (x, inputs) if collect else x
   else:
     def run(x, *args):
+      inputs = []
       for i in range(num_layers):
-        x, _ = layer_cls(cfg, deterministic, name=f"layers_{i}")(x, *args)
-      return x
+        x, x_in = layer_cls(cfg, deterministic, name=f"layers_{i}")(x, *args)
+        inputs.append(x_in)
+      return (x, jnp.stack(inputs)) if collect else x
   return run
 
 
 class Encoder(nn.Module):
-  """Embedded tokens -> final-normed encoder outputs [B, L, D]."""
+  """Embedded tokens -> final-normed encoder outputs [B, L, D].
+
+  With `return_hidden_states`, returns (outputs, states_NxBxLxD) with N = layers + 1:
+  h^0 (the embedding output, after dropout), the residual stream after each layer, and
+  last the outputs themselves. `norm_hidden_states` passes h^0..h^{N-2} through the
+  final `encoder_norm` too (pre-norm residual streams grow in scale with depth);
+  without it the states are what Hugging Face's `output_hidden_states` returns.
+  """
 
   config: T5Config
 
   @nn.compact
   def __call__(self, x_BxLxD: Array, mask_BxL: Array, *, deterministic: bool = True,
-               positions_BxL: Array | None = None) -> Array:
+               positions_BxL: Array | None = None, return_hidden_states: bool = False,
+               norm_hidden_states: bool = True):
     """`positions_BxL` (optional): per-example token positions for the relative bias."""
     cfg = self.config
     L = x_BxLxD.shape[1]
@@ -302,9 +332,18 @@ class Encoder(nn.Module):
     bias_BxHxLxL = bias + mask_to_bias(mask_BxL[:, None, None, :])
     x = nn.Dropout(cfg.dropout_rate)(x_BxLxD, deterministic=deterministic)
     x = _constrain(x, ("batch", "length", "embed"))
-    x = _stack(EncoderLayer, cfg, deterministic, cfg.num_encoder_layers, 1)(x, bias_BxHxLxL)
-    x = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, name="encoder_norm")(x)
-    return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+    stack = _stack(EncoderLayer, cfg, deterministic, cfg.num_encoder_layers, 1, collect=return_hidden_states)
+    if not return_hidden_states:
+      x = stack(x, bias_BxHxLxL)
+      x = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, name="encoder_norm")(x)
+      return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+    x, inputs_NxBxLxD = stack(x, bias_BxHxLxL)
+    final_norm = LayerNorm(cfg.layer_norm_epsilon, cfg.dtype, name="encoder_norm")
+    x = nn.Dropout(cfg.dropout_rate)(final_norm(x), deterministic=deterministic)
+    if norm_hidden_states:
+      inputs_NxBxLxD = final_norm(inputs_NxBxLxD)
+    states = jnp.concatenate([inputs_NxBxLxD.astype(x.dtype), x[None]], axis=0)
+    return x, _constrain(states, ("layers", "batch", "length", "embed"))
 
 
 class Decoder(nn.Module):
