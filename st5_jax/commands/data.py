@@ -87,8 +87,7 @@ def _prepare(args) -> int:
 
 def _list(args) -> int:
   from st5_jax.data import catalog  # pylint: disable=g-import-not-at-top
-  from st5_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  tasks = pipeline.import_tasks()
+  from st5_jax.data import tasks  # pylint: disable=g-import-not-at-top
   import seqio  # pylint: disable=g-import-not-at-top
   datasets = [{"name": d.name, "files": len(d.files), "optional": d.optional, "local_only": d.local_only,
                "description": d.description, "note": d.note} for d in catalog.DATASETS.values()]

@@ -217,8 +217,7 @@ def _fingerprint(manifest: dict, dataset_names: Sequence[str]) -> str:
 def _build_tasks(out_dir: str, prepared: str, manifest: dict, ready: set[str], *, strict: bool,
                  progress: bool) -> list[TaskReport]:
   import seqio  # pylint: disable=g-import-not-at-top
-  from st5_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  pipeline.import_tasks()
+  from st5_jax.data import tasks as _  # noqa: F401  pylint: disable=g-import-not-at-top  (registers them)
   jobs = []
   for task_name, needed in catalog.TASK_DATASETS.items():
     if not set(needed) <= ready:

@@ -3,7 +3,7 @@
 Beyond the seqio API, a source's `open(split)` resolves its configuration (data
 folder, gin bindings, environment, strictness) in the calling thread and returns a
 `SplitReader`: a deterministic Python iterator of text examples per shard that the
-training pipeline shuffles, skips and tokenises itself (pipeline.py), and that
+NumPy path shuffles, skips and tokenises itself (streams.NumpyStream), and that
 seqio's `get_dataset` wraps for t5x-style use. SplitReaders run inside tf.data
 threads, so they take no locks, call no gin configurables and do not log: a
 garbage-collected tf.data iterator can otherwise deadlock against such a lock.
