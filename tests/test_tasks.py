@@ -11,6 +11,12 @@ from st5_jax.data import feature_converters, registry, tasks, vocabulary
 from st5_jax.data.iterator import make_local_iterator
 
 
+@pytest.fixture(autouse=True)
+def _raw_public_tasks(monkeypatch):
+  # These tests check the pipeline on the public tasks as built from the raw files (their counts
+  # are DATA.md's); decontamination against the evaluation sets is tested in test_data_overlap.py.
+  monkeypatch.setenv("ST5_DATA_DECONTAMINATE", "0")
+
 
 def test_tasks_register_on_import():
   names = set(seqio.TaskRegistry.names())
