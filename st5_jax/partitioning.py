@@ -95,14 +95,9 @@ def num_batch_shards(mesh: Mesh) -> int:
 
 
 def check_batch_size(global_batch_size: int, mesh: Mesh) -> None:
-  shards = num_batch_shards(mesh)
-  if global_batch_size % shards:
-    raise PartitioningError(
-        f"Global batch size {global_batch_size} is not divisible by the {shards} batch shards of the mesh "
-        f"(data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']}); choose a multiple of {shards}.")
-  if global_batch_size % jax.process_count():
-    raise PartitioningError(f"Global batch size {global_batch_size} is not divisible by the "
-                            f"{jax.process_count()} processes.")
+  """The batch over BATCH_AXES and the processes; the data side's check (one rule, one place)."""
+  from st5_jax.data import geometry  # pylint: disable=g-import-not-at-top  (imports only JAX)
+  geometry.check_global_batch_size(global_batch_size, mesh=mesh, data_axes=BATCH_AXES)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

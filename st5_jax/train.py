@@ -132,21 +132,29 @@ class TrainConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-  """A seqio task or mixture (registered by the `tasks` package) as training input."""
+  """Any registered seqio task or mixture as training input (st5_jax.data.make_train_iterator).
+
+  The st5_* tasks register themselves; users' tasks are registered by their own
+  module, imported from the gin file (`import my_tasks`). `model_features` renames
+  task features in the batch (default: st5_jax.features; others keep their names).
+  `numpy_path=False` sends this project's own sources through seqio's pipeline too.
+  """
 
   task: str
   feature_lengths: Mapping[str, int]
   dedup: bool = False
   shuffle: bool = True
   split: str = "train"
+  model_features: Mapping[str, str] | None = None
+  numpy_path: bool = True
 
   def __call__(self, mesh: Mesh, global_batch_size: int, seed: int) -> BatchIterator:
-    import tasks  # noqa: F401  (registers the seqio tasks)
     from st5_jax.data import make_train_iterator
     return make_train_iterator(task=self.task, feature_lengths=dict(self.feature_lengths),
                                global_batch_size=global_batch_size, mesh=mesh,
                                data_axes=partitioning.BATCH_AXES, seed=seed, shuffle=self.shuffle,
-                               dedup=self.dedup, split=self.split)
+                               dedup=self.dedup, split=self.split,
+                               model_feature_names=dict(self.model_features or {}), numpy_path=self.numpy_path)
 
 
 @flax.struct.dataclass

@@ -5,10 +5,11 @@ import shutil
 
 import pytest
 
-from st5_jax.data import builders, pipeline, registry
+from st5_jax.data import builders, registry, tasks
+from st5_jax.data.geometry import DataConfigError
+from st5_jax.data.iterator import make_local_iterator
 from st5_jax.data.rows import BadRowError, InputFileError, RowFormat, RowReader, RowStats, list_files
 
-tasks = pipeline.import_tasks()
 
 TREC_FORMAT = RowFormat("csv", {"inputs": "qtext", "targets": "atext"}, label_column="label",
                         label_values=("0", "1"), keep_labels=("1",))
@@ -62,7 +63,7 @@ def test_bad_rows_do_not_stop_a_long_run_and_are_counted_once(corrupted_trec, mo
   path, _ = corrupted_trec
   registry.register_user_task("test_bad_trec", file_pattern=str(path), columns={"inputs": "qtext", "targets": "atext"},
                               label_column="label", label_values=("0", "1"), keep_labels=("1",))
-  it = pipeline.make_local_iterator(task="test_bad_trec", feature_lengths={"inputs": 16, "targets": 16},
+  it = make_local_iterator(task="test_bad_trec", feature_lengths={"inputs": 16, "targets": 16},
                                     batch_size=100)
   for _ in range(12):  # ~3.5 epochs of 345 pairs
     next(it)
@@ -72,7 +73,7 @@ def test_bad_rows_do_not_stop_a_long_run_and_are_counted_once(corrupted_trec, mo
   assert stats["first_skipped"][0] == f"{path}:3: wrong number of fields: 4, expected 3"
   # Strict mode surfaces the original error from the iterator, naming the row.
   monkeypatch.setenv("ST5_DATA_STRICT", "1")
-  strict = pipeline.make_local_iterator(task="test_bad_trec", feature_lengths={"inputs": 16, "targets": 16},
+  strict = make_local_iterator(task="test_bad_trec", feature_lengths={"inputs": 16, "targets": 16},
                                         batch_size=100)
   with pytest.raises(BadRowError, match=rf"{path}:3: wrong number of fields"):
     next(strict)
@@ -174,14 +175,14 @@ def test_missing_and_empty_files_name_the_file(tmp_path):
   header_only.write_text("sent0,sent1,hard_neg\n")
   registry.register_user_task("test_header_only", file_pattern=str(header_only),
                               columns={"inputs": "sent0", "targets": "sent1", "negative_targets": "hard_neg"})
-  with pytest.raises(pipeline.DataConfigError, match=rf"no usable examples.*{header_only}"):
-    pipeline.make_local_iterator(task="test_header_only", feature_lengths={"inputs": 8, "targets": 8}, batch_size=2)
+  with pytest.raises(DataConfigError, match=rf"no usable examples.*{header_only}"):
+    make_local_iterator(task="test_header_only", feature_lengths={"inputs": 8, "targets": 8}, batch_size=2)
   registry.register_user_task("test_missing_file", file_pattern=str(tmp_path / "missing.tsv"))
   with pytest.raises(InputFileError, match="missing.tsv does not exist"):
-    pipeline.make_local_iterator(task="test_missing_file", feature_lengths={"inputs": 8, "targets": 8}, batch_size=2)
+    make_local_iterator(task="test_missing_file", feature_lengths={"inputs": 8, "targets": 8}, batch_size=2)
 
 
 def test_missing_public_raw_file_says_how_to_fix(tmp_path, monkeypatch):
   monkeypatch.setenv("ST5_DATA_DIR", str(tmp_path))
   with pytest.raises(InputFileError, match=r"qa_pairs/trecqa_wang/train.csv does not exist. Run `st5 data prepare"):
-    pipeline.make_local_iterator(task=tasks.TRECQA, feature_lengths={"inputs": 8, "targets": 8}, batch_size=2)
+    make_local_iterator(task=tasks.TRECQA, feature_lengths={"inputs": 8, "targets": 8}, batch_size=2)

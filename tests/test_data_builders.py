@@ -46,7 +46,7 @@ def test_wikiqa_counts_both_layouts(data_dir):
 
 def test_reqa_squad_counts_and_sentences(data_dir):
   stats = RowStats()
-  built = builders.build_reqa_squad(data_dir, stats=stats)
+  built = builders.build_reqa_squad(data_dir, stats=stats, files=builders.SQUAD_DEV_RECONSTRUCTED)
   with open(data_dir / "squad_v1.1_dev" / "dev-v1.1.reconstructed.json", encoding="utf-8") as f:
     squad = json.load(f)["data"]
   assert len(squad) == 48 and sum(len(a["paragraphs"]) for a in squad) == 2067  # DATA.md

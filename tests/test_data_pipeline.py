@@ -10,11 +10,20 @@ import jax
 import numpy as np
 import pytest
 
-from st5_jax import vocab
-from st5_jax.data import builders, pipeline
-from st5_jax.data.pipeline import DataConfigError
+import seqio
 
-tasks = pipeline.import_tasks()
+from st5_jax import vocab
+from st5_jax.data import builders, dedup, geometry, mixing, tasks
+from st5_jax.data.geometry import DataConfigError
+from st5_jax.data.iterator import make_local_iterator, make_train_iterator
+
+
+@pytest.fixture(autouse=True)
+def _raw_public_tasks(monkeypatch):
+  # These tests check the pipeline on the public tasks as built from the raw files (their counts
+  # are DATA.md's); decontamination against the evaluation sets is tested in test_data_overlap.py.
+  monkeypatch.setenv("ST5_DATA_DECONTAMINATE", "0")
+
 
 QA_LENGTHS = {"inputs": 48, "targets": 48}
 NLI_LENGTHS = {"inputs": 40, "targets": 40}
@@ -43,9 +52,9 @@ def tokenizer(vocab_path):
 
 def test_same_seed_same_batches_other_seed_differs(data_dir):
   kw = dict(task=tasks.STAGE2_SNLI_TRIPLES, feature_lengths=NLI_LENGTHS, batch_size=16)
-  a = _take(pipeline.make_local_iterator(seed=3, **kw), 3)
-  b = _take(pipeline.make_local_iterator(seed=3, **kw), 3)
-  c = _take(pipeline.make_local_iterator(seed=4, **kw), 3)
+  a = _take(make_local_iterator(seed=3, **kw), 3)
+  b = _take(make_local_iterator(seed=3, **kw), 3)
+  c = _take(make_local_iterator(seed=4, **kw), 3)
   _assert_same(a, b)
   assert not np.array_equal(a[0]["left_encoder_input_tokens"], c[0]["left_encoder_input_tokens"])
   assert set(a[0]) == {"left_encoder_input_tokens", "right_encoder_input_tokens",
@@ -56,7 +65,7 @@ def test_same_seed_same_batches_other_seed_differs(data_dir):
 def test_resume_mid_epoch_and_across_epochs_is_exact(data_dir):
   # TREC-QA has 853 pairs: at batch 64 an epoch is 13.3 batches, so step 20 is in epoch 1.
   kw = dict(task=tasks.TRECQA, feature_lengths=QA_LENGTHS, batch_size=64, seed=7)
-  it = pipeline.make_local_iterator(**kw)
+  it = make_local_iterator(**kw)
   _take(it, 3)
   state_3 = json.loads(json.dumps(it.get_state()))
   ref_4_to_20 = _take(it, 17)
@@ -64,21 +73,21 @@ def test_resume_mid_epoch_and_across_epochs_is_exact(data_dir):
   ref_21_to_24 = _take(it, 4)
   assert state_20["step"] == 20 and state_20["positions"][tasks.TRECQA] == 20 * 64
 
-  resumed = pipeline.make_local_iterator(**kw)
+  resumed = make_local_iterator(**kw)
   resumed.set_state(state_3)
   _assert_same(_take(resumed, 17), ref_4_to_20)
 
   # A reader restoring a state without its epoch-size hint (e.g. saved by another
   # process) counts its shard and lands on the same batches.
   state_20["epoch_sizes"] = {}
-  resumed = pipeline.make_local_iterator(**kw)
+  resumed = make_local_iterator(**kw)
   resumed.set_state(state_20)
   _assert_same(_take(resumed, 4), ref_21_to_24)
   assert resumed.stats["tasks"][tasks.TRECQA]["epoch"] == 1
 
 
 def test_epochs_are_reshuffled_permutations(data_dir):
-  it = pipeline.make_local_iterator(task=tasks.QATAR_LIVING_PERFECT_MATCH, feature_lengths=QA_LENGTHS,
+  it = make_local_iterator(task=tasks.QATAR_LIVING_PERFECT_MATCH, feature_lengths=QA_LENGTHS,
                                     batch_size=35, seed=1)  # 315 pairs = 9 batches per epoch
   epoch0 = _rows(_take(it, 9), "left_encoder_input_tokens")
   epoch1 = _rows(_take(it, 9), "left_encoder_input_tokens")
@@ -88,28 +97,27 @@ def test_epochs_are_reshuffled_permutations(data_dir):
 
 def test_mixture_resume_and_proportions(data_dir):
   kw = dict(task=tasks.STAGE1_PUBLIC_QA_MIXTURE, feature_lengths=QA_LENGTHS, batch_size=32, seed=0)
-  it = pipeline.make_local_iterator(**kw)
+  it = make_local_iterator(**kw)
   _take(it, 5)
   state = it.get_state()
   ref = _take(it, 5)
-  resumed = pipeline.make_local_iterator(**kw)
+  resumed = make_local_iterator(**kw)
   resumed.set_state(state)
   _assert_same(_take(resumed, 5), ref)
   # Rates are proportional to task sizes: positions track size shares within one example.
   sizes = {t: it.stats["tasks"][t]["examples_consumed"] for t in tasks.STAGE1_PUBLIC_TASKS}
   total = sum(sizes.values())
   assert total == 10 * 32
-  n = {tasks.REQA_SQUAD: 10522, tasks.QATAR_LIVING_GOOD: 6483, tasks.QATAR_LIVING_PERFECT_MATCH: 315,
-       tasks.TRECQA: 853, tasks.WIKIQA: 1333}
+  n = {tasks.QATAR_LIVING_GOOD: 6483, tasks.QATAR_LIVING_PERFECT_MATCH: 315, tasks.TRECQA: 853, tasks.WIKIQA: 1333}
   for t, consumed in sizes.items():
     assert abs(consumed - total * n[t] / sum(n.values())) <= 1.0, (t, consumed)
 
 
 def test_state_mismatch_is_an_error(data_dir):
-  it = pipeline.make_local_iterator(task=tasks.TRECQA, feature_lengths=QA_LENGTHS, batch_size=8)
+  it = make_local_iterator(task=tasks.TRECQA, feature_lengths=QA_LENGTHS, batch_size=8)
   next(it)
   state = it.get_state()
-  other = pipeline.make_local_iterator(task=tasks.TRECQA, feature_lengths=QA_LENGTHS, batch_size=8, seed=1)
+  other = make_local_iterator(task=tasks.TRECQA, feature_lengths=QA_LENGTHS, batch_size=8, seed=1)
   with pytest.raises(DataConfigError, match="seed: saved 0, now 1"):
     other.set_state(state)
 
@@ -119,7 +127,7 @@ def test_two_hosts_partition_the_split(data_dir, tokenizer):
             num_readers=2, repeat=False)
   seen = []
   for reader in (0, 1):
-    it = pipeline.make_local_iterator(reader_id=reader, **kw)
+    it = make_local_iterator(reader_id=reader, **kw)
     batches = list(it)
     # 3172 triples: 1586 per reader = 26 batches of 61, nothing dropped.
     assert len(batches) == 26
@@ -135,14 +143,14 @@ def test_two_hosts_partition_the_split(data_dir, tokenizer):
   assert seen[0] + seen[1] == expected
   assert sum(seen[0].values()) + sum(seen[1].values()) == len(rows) == 3172
   # By row identity (provenance), the two readers' shards are disjoint and complete.
-  source = tasks.get_vocabulary and pipeline.seqio.get_mixture_or_task(tasks.STAGE2_SNLI_TRIPLES).source
+  source = seqio.get_mixture_or_task(tasks.STAGE2_SNLI_TRIPLES).source
   shard_rows = [list(source.iter_examples("train", shard_index=i, num_shards=2)) for i in (0, 1)]
   assert len(shard_rows[0]) == len(shard_rows[1]) == 1586
 
 
 def test_global_arrays_on_the_mesh(data_dir):
   mesh = jax.make_mesh((8,), ("data",))
-  it = pipeline.make_train_iterator(task=tasks.STAGE2_SNLI_TRIPLES, feature_lengths={"inputs": 32, "targets": 24},
+  it = make_train_iterator(task=tasks.STAGE2_SNLI_TRIPLES, feature_lengths={"inputs": 32, "targets": 24},
                                     global_batch_size=16, mesh=mesh)
   batch = next(it)
   assert set(batch) == {"left_encoder_input_tokens", "right_encoder_input_tokens",
@@ -153,14 +161,14 @@ def test_global_arrays_on_the_mesh(data_dir):
   assert left.sharding.spec == jax.sharding.PartitionSpec(("data",), None)
   assert {s.data.shape for s in left.addressable_shards} == {(2, 32)}
   # The global array holds exactly what the single reader produced.
-  local = pipeline.make_local_iterator(task=tasks.STAGE2_SNLI_TRIPLES, feature_lengths={"inputs": 32, "targets": 24},
+  local = make_local_iterator(task=tasks.STAGE2_SNLI_TRIPLES, feature_lengths={"inputs": 32, "targets": 24},
                                        batch_size=16)
   np.testing.assert_array_equal(np.asarray(left), next(local)["left_encoder_input_tokens"])
 
 
 def test_batch_over_two_data_axes_replicated_over_model(data_dir):
   mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "model"))
-  it = pipeline.make_train_iterator(task=tasks.TRECQA, feature_lengths=QA_LENGTHS, global_batch_size=8,
+  it = make_train_iterator(task=tasks.TRECQA, feature_lengths=QA_LENGTHS, global_batch_size=8,
                                     mesh=mesh, data_axes=("data", "fsdp"))
   left = next(it)["left_encoder_input_tokens"]
   assert left.sharding.spec == jax.sharding.PartitionSpec(("data", "fsdp"), None)
@@ -171,29 +179,29 @@ def test_batch_over_two_data_axes_replicated_over_model(data_dir):
 def test_indivisible_batch_fails_before_any_data_work():
   mesh = jax.make_mesh((8,), ("data",))
   with pytest.raises(DataConfigError, match=r"global_batch_size=12 is not divisible by the number of data shards 8"):
-    pipeline.make_train_iterator(task="no_such_task_checked_later", feature_lengths=QA_LENGTHS,
+    make_train_iterator(task="no_such_task_checked_later", feature_lengths=QA_LENGTHS,
                                  global_batch_size=12, mesh=mesh)
   with pytest.raises(DataConfigError, match="not divisible by the number of processes 3"):
-    pipeline.check_global_batch_size(16, mesh=jax.make_mesh((2,), ("data",), devices=jax.devices()[:2]),
+    geometry.check_global_batch_size(16, mesh=jax.make_mesh((2,), ("data",), devices=jax.devices()[:2]),
                                      data_axes=("data",), process_count=3)
   with pytest.raises(DataConfigError, match="mesh lacks"):
-    pipeline.check_global_batch_size(16, mesh=mesh, data_axes=("batch",))
+    geometry.check_global_batch_size(16, mesh=mesh, data_axes=("batch",))
 
 
 def test_unknown_task_lists_known_ones():
   mesh = jax.make_mesh((8,), ("data",))
   with pytest.raises(DataConfigError, match="st5_stage1_public_qa"):
-    pipeline.make_train_iterator(task="st5_nope", feature_lengths=QA_LENGTHS, global_batch_size=8, mesh=mesh)
+    make_train_iterator(task="st5_nope", feature_lengths=QA_LENGTHS, global_batch_size=8, mesh=mesh)
 
 
 def test_dedup_removes_duplicates_and_resumes_exactly(data_dir):
   # Each SNLI premise has ~1-2 triples: without dedup, batches of 64 of the 3172
   # triples regularly hold the same premise twice.
   kw = dict(task=tasks.STAGE2_SNLI_TRIPLES, feature_lengths=NLI_LENGTHS, batch_size=64, seed=5)
-  plain = _take(pipeline.make_local_iterator(**kw), 12)
+  plain = _take(make_local_iterator(**kw), 12)
   dups = sum(64 - len(set(map(bytes, b["left_encoder_input_tokens"]))) for b in plain)
   assert dups > 0
-  it = pipeline.make_local_iterator(dedup=True, **kw)
+  it = make_local_iterator(dedup=True, **kw)
   batches = _take(it, 6)
   state = it.get_state()  # step 6 is inside the second window of 4 batches
   assert state["block_start_step"] == 4
@@ -206,7 +214,7 @@ def test_dedup_removes_duplicates_and_resumes_exactly(data_dir):
   assert collections.Counter(_rows(plain[:12], "left_encoder_input_tokens")) == collections.Counter(
       _rows(batches + rest, "left_encoder_input_tokens"))
   assert it.stats["dedup_moved"] > 0 and it.stats["dedup_unresolved"] == 0
-  resumed = pipeline.make_local_iterator(dedup=True, **kw)
+  resumed = make_local_iterator(dedup=True, **kw)
   resumed.set_state(state)
   _assert_same(_take(resumed, 6), rest)
 
@@ -214,25 +222,25 @@ def test_dedup_removes_duplicates_and_resumes_exactly(data_dir):
 def test_dedup_assign_reports_unresolvable_duplicates():
   left = np.array([[5, 1], [5, 1], [5, 1], [6, 1]], np.int32)
   right = np.array([[7, 1], [8, 1], [9, 1], [7, 1]], np.int32)
-  batches, moved, unresolved = pipeline.dedup_assign(left, [right], batch_size=2, num_batches=2)
+  batches, moved, unresolved = dedup.dedup_assign(left, [right], batch_size=2, num_batches=2)
   assert sorted(len(b) for b in batches) == [2, 2]
   assert unresolved == 1 and moved >= 1
 
 
 def test_schedule_is_proportional_and_position_based():
   rates = np.array([3.0, 1.0])
-  ids = pipeline.schedule(np.zeros(2, np.int64), rates, 8)
+  ids = mixing.schedule(np.zeros(2, np.int64), rates, 8)
   assert ids.tolist() == [0, 0, 1, 0, 0, 0, 1, 0]
   # Continuing from positions gives the same continuation as one long schedule.
-  long = pipeline.schedule(np.zeros(2, np.int64), rates, 20)
+  long = mixing.schedule(np.zeros(2, np.int64), rates, 20)
   head = long[:7]
   pos = np.bincount(head, minlength=2)
-  np.testing.assert_array_equal(pipeline.schedule(pos, rates, 13), long[7:])
-  assert pipeline.schedule(np.array([2, 0]), rates, 5, limits=np.array([2, 3])).tolist() == [1, 1, 1]
+  np.testing.assert_array_equal(mixing.schedule(pos, rates, 13), long[7:])
+  assert mixing.schedule(np.array([2, 0]), rates, 5, limits=np.array([2, 3])).tolist() == [1, 1, 1]
 
 
 def test_decoded_tokens_are_the_source_text(data_dir, tokenizer):
-  it = pipeline.make_local_iterator(task=tasks.TRECQA, feature_lengths={"inputs": 128, "targets": 128},
+  it = make_local_iterator(task=tasks.TRECQA, feature_lengths={"inputs": 128, "targets": 128},
                                     batch_size=4, shuffle=False)
   batch = next(it)
   source = tasks.get_vocabulary()  # the seqio vocabulary decodes the same ids
@@ -246,7 +254,7 @@ def test_decoded_tokens_are_the_source_text(data_dir, tokenizer):
 
 
 def test_truncation_keeps_eos_and_pads(data_dir):
-  it = pipeline.make_local_iterator(task=tasks.QATAR_LIVING_GOOD, feature_lengths={"inputs": 8, "targets": 6},
+  it = make_local_iterator(task=tasks.QATAR_LIVING_GOOD, feature_lengths={"inputs": 8, "targets": 6},
                                     batch_size=16)
   b = next(it)
   left, right = b["left_encoder_input_tokens"], b["right_encoder_input_tokens"]
@@ -257,23 +265,29 @@ def test_truncation_keeps_eos_and_pads(data_dir):
 
 
 def test_repeat_false_one_epoch(data_dir):
-  it = pipeline.make_local_iterator(task=tasks.QATAR_LIVING_PERFECT_MATCH, feature_lengths=QA_LENGTHS,
+  it = make_local_iterator(task=tasks.QATAR_LIVING_PERFECT_MATCH, feature_lengths=QA_LENGTHS,
                                     batch_size=100, repeat=False)
   assert len(list(it)) == 3  # 315 pairs, last partial batch of 15 dropped
 
 
-def test_gin_entry_point_with_task_feature_lengths(data_dir):
+def test_gin_data_config_is_the_entry_point(data_dir):
+  """The trainer's DataConfig (bound by gin, as the run files do) builds the global iterator."""
+  from st5_jax import gin_config, partitioning  # pylint: disable=g-import-not-at-top
+  from st5_jax.train import DataConfig  # pylint: disable=g-import-not-at-top
+  gin_config.register()
   gin.clear_config()
   gin.parse_config("""
     TASK_FEATURE_LENGTHS = {"inputs": 24, "targets": 16}
-    st5_jax.data.train_input.task = "st5_trecqa_positives"
-    st5_jax.data.train_input.feature_lengths = %TASK_FEATURE_LENGTHS
-    st5_jax.data.train_input.global_batch_size = 8
+    DataConfig.task = "st5_trecqa_positives"
+    DataConfig.feature_lengths = %TASK_FEATURE_LENGTHS
   """)
   try:
-    it = pipeline.train_input(mesh=jax.make_mesh((8,), ("data",)))
-    b = next(it)
+    config = gin.get_configurable("DataConfig")()
+    assert isinstance(config, DataConfig)
+    mesh = partitioning.make_mesh(partitioning.MeshConfig(data=4, fsdp=2, model=1))
+    b = next(config(mesh, 8, 0))
     assert b["left_encoder_input_tokens"].shape == (8, 24) and b["right_encoder_input_tokens"].shape == (8, 16)
+    assert b["left_encoder_input_tokens"].sharding.spec == jax.sharding.PartitionSpec(("data", "fsdp"), None)
   finally:
     gin.clear_config()
 
@@ -281,26 +295,26 @@ def test_gin_entry_point_with_task_feature_lengths(data_dir):
 def test_reader_assignment_for_multi_process_layouts():
   # 2 processes x 4 devices, batch 16 sharded 8 ways: process p holds rows [8p, 8p+8).
   rows = {0: [(0, 2), (2, 4), (4, 6), (6, 8)], 1: [(8, 10), (10, 12), (12, 14), (14, 16)]}
-  assert pipeline.assign_readers(rows, 1) == pipeline.ReaderAssignment(1, 2, 8)
+  assert geometry.assign_readers(rows, 1) == geometry.ReaderAssignment(1, 2, 8)
   # Model parallelism across the two processes: both hold every row, so both read shard 0 of 1.
   rows = {0: [(0, 8), (8, 16)], 1: [(0, 8), (8, 16)]}
-  assert pipeline.assign_readers(rows, 1) == pipeline.ReaderAssignment(0, 1, 16)
+  assert geometry.assign_readers(rows, 1) == geometry.ReaderAssignment(0, 1, 16)
   # 4 processes, pairs replicate the same half of the batch.
   rows = {0: [(0, 8)], 1: [(0, 8)], 2: [(8, 16)], 3: [(8, 16)]}
-  assert [pipeline.assign_readers(rows, p).reader_id for p in range(4)] == [0, 0, 1, 1]
+  assert [geometry.assign_readers(rows, p).reader_id for p in range(4)] == [0, 0, 1, 1]
   with pytest.raises(DataConfigError, match="non-contiguous"):
-    pipeline.assign_readers({0: [(0, 4), (8, 12)], 1: [(4, 8), (12, 16)]}, 0)
+    geometry.assign_readers({0: [(0, 4), (8, 12)], 1: [(4, 8), (12, 16)]}, 0)
   mesh = jax.make_mesh((4, 2), ("data", "model"))
-  assert pipeline.reader_assignment(mesh=mesh, data_axes=("data",), global_batch_size=8) == (
-      pipeline.ReaderAssignment(0, 1, 8))
+  assert geometry.reader_assignment(mesh=mesh, data_axes=("data",), global_batch_size=8) == (
+      geometry.ReaderAssignment(0, 1, 8))
 
 
 def test_shuffled_row_traces_back_to_its_raw_line(data_dir, tokenizer):
-  it = pipeline.make_local_iterator(task=tasks.QATAR_LIVING_PERFECT_MATCH, feature_lengths={"inputs": 256,
+  it = make_local_iterator(task=tasks.QATAR_LIVING_PERFECT_MATCH, feature_lengths={"inputs": 256,
                                                                                            "targets": 256},
                                     batch_size=8, seed=11)
   batch = next(it)
-  source = pipeline.seqio.get_mixture_or_task(tasks.QATAR_LIVING_PERFECT_MATCH).source
+  source = seqio.get_mixture_or_task(tasks.QATAR_LIVING_PERFECT_MATCH).source
   by_tokens = {tuple(tokenizer.encode([ex["inputs"]], max_length=256)[0]) +
                tuple(tokenizer.encode([ex["targets"]], max_length=256)[0]): ex for ex in source.examples("train")}
   vocab_ = tasks.get_vocabulary()

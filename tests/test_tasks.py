@@ -7,9 +7,15 @@ import pytest
 import seqio
 
 from st5_jax import paths
-from st5_jax.data import feature_converters, pipeline, registry, vocabulary
+from st5_jax.data import feature_converters, registry, tasks, vocabulary
+from st5_jax.data.iterator import make_local_iterator
 
-tasks = pipeline.import_tasks()
+
+@pytest.fixture(autouse=True)
+def _raw_public_tasks(monkeypatch):
+  # These tests check the pipeline on the public tasks as built from the raw files (their counts
+  # are DATA.md's); decontamination against the evaluation sets is tested in test_data_overlap.py.
+  monkeypatch.setenv("ST5_DATA_DECONTAMINATE", "0")
 
 
 def test_tasks_register_on_import():
@@ -44,7 +50,7 @@ def test_missing_vocabulary_is_a_clear_error(tmp_path, monkeypatch):
 def test_missing_data_dir_is_a_clear_error(monkeypatch):
   monkeypatch.delenv("ST5_DATA_DIR")
   with pytest.raises(paths.MissingFileError, match="ST5_DATA_DIR"):
-    pipeline.make_local_iterator(task=tasks.TRECQA, feature_lengths={"inputs": 8, "targets": 8}, batch_size=2)
+    make_local_iterator(task=tasks.TRECQA, feature_lengths={"inputs": 8, "targets": 8}, batch_size=2)
 
 
 def _seqio_rows(task_name, lengths, n, split="train"):
@@ -63,7 +69,7 @@ def _seqio_rows(task_name, lengths, n, split="train"):
 def test_training_pipeline_equals_seqio_get_dataset(task_name, lengths):
   # t5x users get the same tokens through seqio.get_dataset + the feature converter.
   expected = _seqio_rows(task_name, lengths, 96)
-  it = pipeline.make_local_iterator(task=task_name, feature_lengths=lengths, batch_size=96, shuffle=False)
+  it = make_local_iterator(task=task_name, feature_lengths=lengths, batch_size=96, shuffle=False)
   batch = next(it)
   for key in batch:
     np.testing.assert_array_equal(batch[key], np.stack([e[key] for e in expected]))
@@ -98,7 +104,7 @@ def test_prepared_files_equal_in_memory_build(prepared_dir, data_dir, monkeypatc
       assert prepared == memory
   # And the iterator reads them, with the build counts from the manifest.
   monkeypatch.setenv("ST5_DATA_DIR", str(prepared_dir))
-  it = pipeline.make_local_iterator(task=tasks.WIKIQA, feature_lengths={"inputs": 16, "targets": 16}, batch_size=4)
+  it = make_local_iterator(task=tasks.WIKIQA, feature_lengths={"inputs": 16, "targets": 16}, batch_size=4)
   next(it)
   assert it.stats["tasks"][tasks.WIKIQA]["build"]["rows_read"] == 26525
 
@@ -110,7 +116,7 @@ def test_register_user_task_jsonl_glob(tmp_path):
         f.write(json.dumps({"q": f"question {i} {j}", "a": f"answer {i} {j}"}) + "\n")
   registry.register_user_task("test_user_jsonl", file_pattern=str(tmp_path / "part-*.jsonl"),
                               columns={"inputs": "q", "targets": "a"})
-  it = pipeline.make_local_iterator(task="test_user_jsonl", feature_lengths={"inputs": 8, "targets": 8},
+  it = make_local_iterator(task="test_user_jsonl", feature_lengths={"inputs": 8, "targets": 8},
                                     batch_size=5, repeat=False)
   assert len(list(it)) == 3
   vocab = tasks.get_vocabulary()
@@ -132,7 +138,7 @@ def test_user_task_from_tfrecords(tmp_path):
       w.write(ex.SerializeToString())
   registry.register_user_task("test_user_tfrecord", file_pattern=path,
                               columns={"inputs": "premise", "targets": "pos", "negative_targets": "neg"})
-  it = pipeline.make_local_iterator(task="test_user_tfrecord", feature_lengths={"inputs": 8, "targets": 8},
+  it = make_local_iterator(task="test_user_tfrecord", feature_lengths={"inputs": 8, "targets": 8},
                                     batch_size=3, shuffle=False)
   batch = next(it)
   vocab = tasks.get_vocabulary()

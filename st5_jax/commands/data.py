@@ -1,4 +1,4 @@
-"""`st5 data ...`: prepare datasets, list what is known, build NLI triples from raw files."""
+"""`st5 data ...`: prepare datasets, list what is known, build NLI triples, check evaluation overlap."""
 
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ def register(subparsers) -> None:
   p.add_argument("--strict", action="store_true", help="stop at the first bad row instead of skipping it")
   p.add_argument("--no-progress", action="store_true", help="no progress bars")
   p.add_argument("--timeout", type=float, default=60.0, help="seconds per download request")
+  p.add_argument("--tfds", action="store_true",
+                 help="also write the prepared tasks as TFDS datasets under OUT/tfds (st5_qa_pairs/*, "
+                      "st5_nli_triples/*), for tfds.load(..., data_dir=OUT/tfds) and seqio's TfdsDataSource")
   p.set_defaults(run=run)
 
   p = sub.add_parser("list", help="List known datasets and registered st5 tasks.")
@@ -46,6 +49,21 @@ def register(subparsers) -> None:
   p.add_argument("--strict", action="store_true", help="stop at the first bad row")
   p.set_defaults(run=run)
 
+  p = sub.add_parser("overlap", help="Report texts shared by training tasks and evaluation sets.",
+                     description="Normalised-text overlap (NFKC, lower case, letters and digits only) between "
+                                 "the texts of training tasks or mixtures and every text the evaluation sets "
+                                 "encode. Exit status 1 when there is any.")
+  p.add_argument("--tasks", required=True, help="comma-separated task or mixture names (mixtures are expanded)")
+  p.add_argument("--eval", default="all", help="evaluation sets: 'all' (default), suites (sts, transfer, sentglue, "
+                                               "dev) or task names as in `st5 eval --tasks`")
+  p.add_argument("--split", default="train", help="split of the training tasks (default train)")
+  p.add_argument("--data_dir", help="data folder with the evaluation sets (default: $ST5_DATA_DIR)")
+  p.add_argument("--module", action="append", default=[],
+                 help="Python module to import first, registering your tasks (repeatable)")
+  p.add_argument("--show", type=int, default=3, help="example texts shown per overlap")
+  p.add_argument("--json", action="store_true", help="machine-readable output")
+  p.set_defaults(run=run)
+
 
 def run(args: argparse.Namespace) -> int:
   command = args.data_command
@@ -55,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     return _list(args)
   if command == "nli-triples":
     return _nli_triples(args)
+  if command == "overlap":
+    return _overlap(args)
   raise ValueError(command)
 
 
@@ -73,7 +93,7 @@ def _prepare(args) -> int:
   try:
     report = prepare_lib.prepare(out_dir=out, source_dir=source, base_url=args.base_url, datasets=datasets,
                                  offline=args.offline, trust_unverified=args.trust_unverified, strict=args.strict,
-                                 progress=not args.no_progress, timeout=args.timeout)
+                                 progress=not args.no_progress, timeout=args.timeout, tfds=args.tfds)
   except prepare_lib.PrepareError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -87,14 +107,13 @@ def _prepare(args) -> int:
 
 def _list(args) -> int:
   from st5_jax.data import catalog  # pylint: disable=g-import-not-at-top
-  from st5_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  tasks = pipeline.import_tasks()
+  from st5_jax.data import tasks  # pylint: disable=g-import-not-at-top
   import seqio  # pylint: disable=g-import-not-at-top
   datasets = [{"name": d.name, "files": len(d.files), "optional": d.optional, "local_only": d.local_only,
                "description": d.description, "note": d.note} for d in catalog.DATASETS.values()]
   task_rows = [{"name": n, "splits": list(seqio.get_mixture_or_task(n).splits),
                 "features": list(seqio.get_mixture_or_task(n).output_features)}
-               for n in tasks.ALL_TASKS + (tasks.STAGE1_PUBLIC_QA_MIXTURE,)]
+               for n in tasks.ALL_TASKS + tasks.MIXTURES]
   if args.json:
     print(json.dumps({"datasets": datasets, "tasks": task_rows}, indent=1))
     return 0
@@ -124,3 +143,22 @@ def _nli_triples(args) -> int:
   for bad in s["first_skipped"]:
     print(f"  skipped {bad}")
   return 0
+
+
+def _overlap(args) -> int:
+  import importlib  # pylint: disable=g-import-not-at-top
+
+  from st5_jax import paths  # pylint: disable=g-import-not-at-top
+  from st5_jax.data import overlap, tasks  # noqa: F401  pylint: disable=g-import-not-at-top
+  for module in args.module:
+    importlib.import_module(module)
+  try:
+    data_dir = str(paths.data_dir(args.data_dir))
+    names = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    found, missing = overlap.find_overlaps(names, data_dir=data_dir, evaluations=args.eval, split=args.split,
+                                           show=args.show)
+  except (FileNotFoundError, ValueError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(json.dumps(overlap.as_json(found, missing), indent=1) if args.json else overlap.summary(found, missing))
+  return 1 if found else 0

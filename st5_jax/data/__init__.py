@@ -1,21 +1,23 @@
 """Sentence-T5 input pipeline: seqio tasks, dataset preparation, sharded batches for the mesh.
 
-    from st5_jax.data import make_train_iterator
-    import tasks  # registers the st5_* seqio tasks and mixtures
+    from st5_jax.data import make_train_iterator   # registers the st5_* tasks on first use
 
-Submodules: rows (file readers, bad-row accounting), builders (public datasets),
-sources/registry (seqio tasks), feature_converters, pipeline (batches, state),
-catalog/download/prepare (`st5 data prepare`). Attributes below are imported lazily so
-that `import st5_jax.data.rows` does not pull in JAX or TensorFlow.
+Submodules, along the data flow: rows (file readers, bad-row accounting), builders
+(public datasets), sources/registry/tasks (seqio tasks), geometry (batch over mesh and
+processes), convert + feature_converters (task features -> batch features), streams
+(one task's epochs: seqio's pipeline or the NumPy path), mixing, dedup, iterator
+(batches, state); catalog/download/prepare (`st5 data prepare`), overlap (`st5 data
+overlap`). Attributes below are imported lazily so that `import st5_jax.data.rows`
+does not pull in JAX or TensorFlow.
 """
 
 _EXPORTS = {
-    "make_train_iterator": "st5_jax.data.pipeline",
-    "make_local_iterator": "st5_jax.data.pipeline",
-    "BatchIterator": "st5_jax.data.pipeline",
-    "DataConfigError": "st5_jax.data.pipeline",
-    "train_input": "st5_jax.data.pipeline",
-    "import_tasks": "st5_jax.data.pipeline",
+    "make_train_iterator": "st5_jax.data.iterator",
+    "make_local_iterator": "st5_jax.data.iterator",
+    "BatchIterator": "st5_jax.data.iterator",
+    "DataConfigError": "st5_jax.data.geometry",
+    "batch_layout": "st5_jax.data.convert",
+    "BatchLayout": "st5_jax.data.convert",
     "register_user_task": "st5_jax.data.registry",
     "register_mixture": "st5_jax.data.registry",
     "DualEncoderFeatureConverter": "st5_jax.data.feature_converters",

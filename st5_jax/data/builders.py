@@ -23,9 +23,11 @@ from st5_jax.data import rows as rows_lib
 from st5_jax.data.rows import BadRowError, InputFileError, RowFormat, RowReader, RowStats
 
 # Raw files, relative to the data folder.
-SQUAD_FILES = ("squad_v1.1_dev/dev-v1.1.reconstructed.json",)
-# Official SQuAD files are used instead when a user places them here.
-SQUAD_OFFICIAL_FILES = ("squad_v1.1/train-v1.1.json", "squad_v1.1/dev-v1.1.json")
+# ReQA pairs for training come from SQuAD v1.1 *train* only: GLUE QNLI dev (SentGLUE-QNLI)
+# is built from SQuAD dev (5,460 of its 5,463 questions are SQuAD dev questions).
+SQUAD_TRAIN_FILES = ("squad_v1.1/train-v1.1.json",)
+# SQuAD dev as reconstructed here: the builder's reference data in tests, never a training task.
+SQUAD_DEV_RECONSTRUCTED = ("squad_v1.1_dev/dev-v1.1.reconstructed.json",)
 CQA2015_FILES = ("semeval2015_task3_cqa/CQA-QL-devel.xml", "semeval2015_task3_cqa/CQA-QL-test.xml",
                  "semeval2015_task3_cqa/CQA-QL-trial.xml")
 CQA2016_DIR = "semeval2016_task3_cqa_cleaned"
@@ -38,7 +40,7 @@ SNLI_SENTEVAL_DIR = "nli/snli_senteval_devtest"
 SIMCSE_NLI_FILE = "nli/nli_for_simcse.csv"
 
 # Bump when a builder's output changes, so `st5 data prepare` rebuilds prepared files.
-BUILDERS_VERSION = 1
+BUILDERS_VERSION = 2
 NLI_LABELS = ("entailment", "neutral", "contradiction")
 SIMCSE_COLUMNS = {"inputs": "sent0", "targets": "sent1", "negative_targets": "hard_neg"}
 
@@ -49,6 +51,8 @@ class Built:
   examples: list[dict[str, str]]
   stats: RowStats
   inputs: list[str]  # raw files read, relative to the data folder
+  # Evaluation sets not decontaminated against because their files are missing (st5_jax.data.overlap).
+  evaluation_sets_missing: tuple[str, ...] = ()
 
 
 def _path(data_dir: os.PathLike | str, rel: str) -> str:
@@ -118,16 +122,22 @@ def split_sentences(text: str) -> list[tuple[int, int]]:
   return spans
 
 
-def build_reqa_squad(data_dir, *, stats: RowStats, strict: bool = False) -> Built:
+def build_reqa_squad(data_dir, *, stats: RowStats, strict: bool = False,
+                     files: Sequence[str] = SQUAD_TRAIN_FILES) -> Built:
   """Question -> the sentence of the paragraph that contains its (first) answer.
 
   Questions whose answer crosses a sentence boundary, or whose answer text is not at
-  its offset, are skipped and counted (ReQA drops them too).
+  its offset, are skipped and counted (ReQA drops them too). `files` defaults to SQuAD
+  train; SQuAD dev would leak into SentGLUE-QNLI.
   """
-  official = [f for f in SQUAD_OFFICIAL_FILES if paths.exists(paths.join(data_dir, f))]
-  rel_files = official or list(SQUAD_FILES)
+  rel_files = list(files)
   examples = []
   for rel in rel_files:
+    if rel in SQUAD_TRAIN_FILES and not paths.exists(paths.join(data_dir, rel)):
+      raise InputFileError(
+          f"{paths.join(data_dir, rel)} does not exist. The ReQA task is built from SQuAD v1.1 train only (GLUE "
+          "QNLI dev, used by SentGLUE-QNLI, comes from SQuAD dev): `st5 data prepare --datasets squad_official "
+          "--trust-unverified`, or the TFDS task st5_tfds_reqa_squad.")
     path = _path(data_dir, rel)
     with paths.open_file(path, "rb") as f:
       try:

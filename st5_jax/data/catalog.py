@@ -385,9 +385,13 @@ DATASETS: dict[str, Dataset] = {d.name: d for d in [
 
 CORE_DATASETS = tuple(n for n, d in DATASETS.items() if not d.optional)
 
+# The evaluation sets public tasks are decontaminated against (st5_jax.data.overlap); part of
+# every prepared task's fingerprint, so a task is rebuilt when they change or arrive.
+EVALUATION_DATASETS = ("stsb", "sts12_16", "sick", "senteval_transfer", "glue")
 # Which datasets each public task is built from (prepare builds a task when all are present).
 TASK_DATASETS: dict[str, tuple[str, ...]] = {
-    "st5_reqa_squad_sentences": ("squad_dev_reconstructed",),
+    # SQuAD *train* only: GLUE QNLI dev (SentGLUE-QNLI) is built from SQuAD dev.
+    "st5_reqa_squad_sentences": ("squad_official",),
     "st5_qatar_living_good_answers": ("qatar_living_2015", "qatar_living_2016"),
     "st5_qatar_living_perfect_match": ("qatar_living_2016",),
     "st5_trecqa_positives": ("trecqa",),

@@ -4,8 +4,11 @@ Gin (entry points only):
 
     st5_jax.data.options.data_dir = "gs://bucket/st5_data"
     st5_jax.data.options.strict = True
+    st5_jax.data.options.tfds_data_dir = "gs://tfds-data/datasets"   # TFDS-backed tasks
+    st5_jax.data.options.decontaminate = False   # keep public examples that share a text with evaluation sets
 
-Environment: ST5_DATA_DIR, ST5_VOCAB (see st5_jax.paths) and ST5_DATA_STRICT=1.
+Environment: ST5_DATA_DIR, ST5_VOCAB (see st5_jax.paths), ST5_DATA_STRICT=1 and
+ST5_DATA_DECONTAMINATE=0.
 Everything is resolved when a dataset is built, never at import, so importing the
 `tasks` package works without any data present.
 """
@@ -20,6 +23,7 @@ import gin
 from st5_jax import paths
 
 STRICT_ENV = "ST5_DATA_STRICT"
+DECONTAMINATE_ENV = "ST5_DATA_DECONTAMINATE"
 PREPARED_DIRNAME = "prepared"
 
 
@@ -29,15 +33,20 @@ class Options:
   vocab: str | None
   strict: bool
   max_reported: int
+  tfds_data_dir: str | None = None
+  decontaminate: bool = True
 
 
 @gin.configurable("options", module="st5_jax.data")
 def options(data_dir: str | None = None, vocab: str | None = None, strict: bool | None = None,
-            max_reported: int = 5) -> Options:
+            max_reported: int = 5, tfds_data_dir: str | None = None, decontaminate: bool | None = None) -> Options:
   """Data options; unbound values fall back to the environment."""
   if strict is None:
     strict = os.environ.get(STRICT_ENV, "").lower() in ("1", "true", "yes")
-  return Options(data_dir=data_dir, vocab=vocab, strict=bool(strict), max_reported=max_reported)
+  if decontaminate is None:
+    decontaminate = os.environ.get(DECONTAMINATE_ENV, "1").lower() not in ("0", "false", "no")
+  return Options(data_dir=data_dir, vocab=vocab, strict=bool(strict), max_reported=max_reported,
+                 tfds_data_dir=tfds_data_dir, decontaminate=bool(decontaminate))
 
 
 def data_dir() -> str:

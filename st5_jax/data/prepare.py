@@ -5,6 +5,7 @@ Output layout (OUT):
   OUT/prepared/<task>/<split>.jsonl                 one example per line: inputs, targets,
                                                     [negative_targets], source (file:line)
   OUT/prepared/MANIFEST.json                        checksums, row counts, skipped rows
+  OUT/tfds/st5_{qa_pairs,nli_triples}/<task>/1.0.0  with --tfds: the same examples as TFDS datasets
 
 Running it again only redoes what changed: files already present with the right
 checksum are kept, and a task split is rebuilt only when the checksums of its input
@@ -64,6 +65,7 @@ class PrepareReport:
   out_dir: str
   datasets: list
   tasks: list
+  tfds: list = dataclasses.field(default_factory=list)  # (task, TFDS name, directory, status)
 
   @property
   def errors(self) -> list[str]:
@@ -90,6 +92,12 @@ class PrepareReport:
                    f"{s.get('rows_skipped', 0):>8} {s.get('rows_filtered', 0):>8}  {t.status}")
       for bad in s.get("first_skipped", [])[:3]:
         lines.append(f"    skipped {bad}")
+      if s.get("evaluation_sets_missing"):
+        lines.append(f"    not decontaminated against {len(s['evaluation_sets_missing'])} evaluation sets whose files "
+                     "are missing: " + ", ".join(m.split(" (")[0] for m in s["evaluation_sets_missing"]))
+    if self.tfds:
+      lines += ["", f"{'TFDS dataset':46} status"]
+      lines += [f"{name:46} {status}  ({directory})" for _, name, directory, status in self.tfds]
     if self.errors:
       lines += ["", "Problems:"] + [f"  {e}" for e in self.errors]
     return "\n".join(lines)
@@ -157,8 +165,8 @@ def _progress_factory(enabled: bool):
 
 def prepare(*, out_dir: str, source_dir: str | None = None, base_url: str | None = None,
             datasets: Sequence[str] | None = None, offline: bool = False, trust_unverified: bool = False,
-            strict: bool = False, progress: bool = True, timeout: float = 60.0) -> PrepareReport:
-  """Fetches datasets into `out_dir` and writes the prepared task files; see the module doc."""
+            strict: bool = False, progress: bool = True, timeout: float = 60.0, tfds: bool = False) -> PrepareReport:
+  """Fetches datasets into `out_dir` and writes the prepared task files (and TFDS datasets); see the module doc."""
   out_dir = os.path.abspath(os.path.expanduser(str(out_dir)))
   os.makedirs(out_dir, exist_ok=True)
   if not os.access(out_dir, os.W_OK):
@@ -204,21 +212,46 @@ def prepare(*, out_dir: str, source_dir: str | None = None, base_url: str | None
   task_reports = _build_tasks(out_dir, prepared, manifest, ready, strict=strict, progress=progress)
   manifest["updated"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
   _write_json_atomic(os.path.join(prepared, MANIFEST), manifest)
-  return PrepareReport(out_dir, reports, task_reports)
+  report = PrepareReport(out_dir, reports, task_reports)
+  if tfds:
+    report.tfds = _write_tfds(out_dir, prepared, task_reports, progress=progress)
+  return report
+
+
+def _write_tfds(out_dir: str, prepared: str, task_reports: list[TaskReport], *,
+                progress: bool) -> list[tuple[str, str, str, str]]:
+  """TFDS datasets of every task whose splits are all prepared; rebuilt when a split was rebuilt."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (TFDS only when asked)
+  from st5_jax.data import tfds_builders  # pylint: disable=g-import-not-at-top
+  if not progress:
+    tfds.disable_progress_bar()
+  by_task: dict[str, list[TaskReport]] = {}
+  for t in task_reports:
+    by_task.setdefault(t.task, []).append(t)
+  out = []
+  for task, reports in by_task.items():
+    if tfds_builders.builder_for(task) is None or any(r.status == "error" for r in reports):
+      continue
+    rebuild = any(r.status == "built" for r in reports)
+    # TFDS reserves the split name "all" for the union of the splits (= st5_snli_devtest_triples' "all").
+    directory = tfds_builders.write(task, prepared_dir=prepared, tfds_dir=os.path.join(out_dir, "tfds"),
+                                    splits=tuple(r.split for r in reports if r.split != "all"), rebuild=rebuild)
+    out.append((task, tfds_builders.tfds_name(task), directory, "built" if rebuild else "up to date"))
+  return out
 
 
 def _fingerprint(manifest: dict, dataset_names: Sequence[str]) -> str:
-  inputs = {n: manifest["datasets"].get(n, {}) for n in dataset_names}
+  inputs = {n: manifest["datasets"].get(n, {}) for n in (*dataset_names, *catalog.EVALUATION_DATASETS)}
+  from st5_jax.data import overlap  # pylint: disable=g-import-not-at-top
   blob = json.dumps({"format": sources_lib.PREPARED_FORMAT_VERSION, "builders": builders_lib.BUILDERS_VERSION,
-                     "inputs": inputs}, sort_keys=True)
+                     "decontamination": overlap.DECONTAMINATION_VERSION, "inputs": inputs}, sort_keys=True)
   return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def _build_tasks(out_dir: str, prepared: str, manifest: dict, ready: set[str], *, strict: bool,
                  progress: bool) -> list[TaskReport]:
   import seqio  # pylint: disable=g-import-not-at-top
-  from st5_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-  pipeline.import_tasks()
+  from st5_jax.data import tasks as _  # noqa: F401  pylint: disable=g-import-not-at-top  (registers them)
   jobs = []
   for task_name, needed in catalog.TASK_DATASETS.items():
     if not set(needed) <= ready:
@@ -240,8 +273,8 @@ def _build_tasks(out_dir: str, prepared: str, manifest: dict, ready: set[str], *
       reports.append(TaskReport(task_name, split, "up to date", rel, entry.get("stats", {}), entry.get("examples", 0)))
       continue
     try:
-      built = source.build(split, data_dir=out_dir, strict=strict)
-    except (BadRowError, InputFileError, ValueError) as e:
+      built = source.build(split, data_dir=out_dir, strict=strict, decontaminate=True)
+    except (BadRowError, FileNotFoundError, ValueError) as e:
       reports.append(TaskReport(task_name, split, "error", rel, error=str(e)))
       continue
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -255,6 +288,7 @@ def _build_tasks(out_dir: str, prepared: str, manifest: dict, ready: set[str], *
     os.replace(tmp, path)
     stats = built.stats.as_dict()
     stats["first_skipped"] = [s.replace(prefix, "") for s in stats["first_skipped"]]
+    stats["evaluation_sets_missing"] = list(built.evaluation_sets_missing)
     manifest["tasks"].setdefault(task_name, {})[split] = {
         "path": rel, "examples": len(built.examples), "fingerprint": fingerprint, "stats": stats,
         "inputs": sorted(built.inputs)}

@@ -3,7 +3,7 @@
 Beyond the seqio API, a source's `open(split)` resolves its configuration (data
 folder, gin bindings, environment, strictness) in the calling thread and returns a
 `SplitReader`: a deterministic Python iterator of text examples per shard that the
-training pipeline shuffles, skips and tokenises itself (pipeline.py), and that
+NumPy path shuffles, skips and tokenises itself (streams.NumpyStream), and that
 seqio's `get_dataset` wraps for t5x-style use. SplitReaders run inside tf.data
 threads, so they take no locks, call no gin configurables and do not log: a
 garbage-collected tf.data iterator can otherwise deadlock against such a lock.
@@ -164,19 +164,33 @@ class PublicSource(ExampleSource):
     if split not in self._builders:
       raise ValueError(f"Task {self.name} has no split {split!r}; splits: {sorted(self._builders)}.")
 
-  def build(self, split: str, *, data_dir: str | None = None, strict: bool | None = None) -> builders_lib.Built:
-    """Runs the builder on the raw files (what `st5 data prepare` writes out)."""
+  def build(self, split: str, *, data_dir: str | None = None, strict: bool | None = None,
+            decontaminate: bool | None = None) -> builders_lib.Built:
+    """Runs the builder on the raw files (what `st5 data prepare` writes out).
+
+    Examples sharing a text with an evaluation set are then dropped and counted
+    (st5_jax.data.overlap), unless `decontaminate` (default: the data options) is off.
+    """
     self._check_split(split)
     data_dir = data_dir or config.data_dir()
     strict = config.strict() if strict is None else strict
+    decontaminate = config.options().decontaminate if decontaminate is None else decontaminate
     stats = RowStats(max_reported=config.options().max_reported)
-    return self._builders[split](data_dir, stats=stats, strict=strict)
+    built = self._builders[split](data_dir, stats=stats, strict=strict)
+    if decontaminate:
+      from st5_jax.data import overlap  # pylint: disable=g-import-not-at-top  (evaluation readers)
+      built.examples, built.evaluation_sets_missing = overlap.decontaminate(
+          built.examples, self.features, data_dir=data_dir, stats=built.stats)
+      overlap.warn_missing(self.name, data_dir, built.evaluation_sets_missing)
+    return built
 
   def _built(self, split: str, data_dir: str, strict: bool) -> builders_lib.Built:
-    key = (data_dir, split, strict)
+    decontaminate = config.options().decontaminate
+    key = (data_dir, split, strict, decontaminate)
     built = self._cache.get(key)
     if built is None:  # no lock on purpose (see module doc); a race only builds twice
-      built = self._cache.setdefault(key, self.build(split, data_dir=data_dir, strict=strict))
+      built = self._cache.setdefault(key, self.build(split, data_dir=data_dir, strict=strict,
+                                                     decontaminate=decontaminate))
     return built
 
   def _manifest(self, data_dir: str) -> dict:

@@ -1,0 +1,212 @@
+"""Overlap between training data and evaluation sets: report it, and keep public tasks clear of it.
+
+Texts are compared after normalisation: NFKC, lower case, and only letters and digits
+kept ("A man is running ." == "a man is running."), so tokenisation and spacing
+variants of the same sentence match. The evaluation texts of a set are every text its
+evaluation encodes (st5_jax.evaluation.harness: STS pairs, SentEval and SentGLUE
+sentences, classifier training parts included).
+
+* `st5 data overlap --tasks ... --eval ...` reports, per training task and evaluation
+  set, how many distinct evaluation texts occur in the training task (exit status 1
+  when any do).
+* The public tasks are decontaminated when they are built: an example with any text
+  that occurs in an evaluation set is dropped and counted (`rows_filtered`, reason
+  "text in evaluation set <name>"); the TFDS-backed tasks do the same in TF
+  (`decontaminate_tf`). Users' tasks are left as they are: check them with the command.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import re
+import unicodedata
+from typing import Iterable, Iterator, Mapping, Sequence
+
+log = logging.getLogger("st5_jax.data")
+# Bump when what counts as overlap changes (prepared files are then rebuilt).
+DECONTAMINATION_VERSION = 1
+_WORD = re.compile(r"[^\W_]+")
+
+
+def normalize(text: str) -> str:
+  """NFKC, lower case, letters and digits only."""
+  return "".join(_WORD.findall(unicodedata.normalize("NFKC", text).lower()))
+
+
+def evaluation_sets(names: str | Sequence[str] = "all") -> list[str]:
+  """Evaluation task names (suites and aliases as `st5 eval --tasks`; 'all' includes STS-B dev)."""
+  from st5_jax.evaluation import harness  # pylint: disable=g-import-not-at-top
+  if names == "all" or names == ["all"]:
+    return list(harness.TASKS)
+  return harness.resolve_tasks(names)
+
+
+@functools.lru_cache(maxsize=4)
+def _evaluation_texts(data_dir: str, names: tuple[str, ...]) -> tuple[dict[str, frozenset[str]], tuple[str, ...]]:
+  from st5_jax.evaluation import harness  # pylint: disable=g-import-not-at-top
+  out, missing = {}, []
+  for name in names:
+    try:
+      texts, _ = harness.TASKS[name].build(data_dir)
+    except FileNotFoundError as e:
+      missing.append(f"{name} ({e})")
+      continue
+    out[name] = frozenset(n for n in map(normalize, texts) if n)
+  return out, tuple(missing)
+
+
+def evaluation_texts(data_dir: str, names: str | Sequence[str] = "all", *,
+                     require: bool = False) -> dict[str, frozenset[str]]:
+  """{evaluation set: its normalised texts}; sets whose files are missing are skipped (or raise)."""
+  texts, missing = _evaluation_texts(str(data_dir), tuple(evaluation_sets(names)))
+  if missing and require:
+    raise FileNotFoundError(f"Evaluation sets missing under {data_dir}: {'; '.join(missing)}")
+  return texts
+
+
+def missing_evaluation_sets(data_dir: str, names: str | Sequence[str] = "all") -> tuple[str, ...]:
+  return _evaluation_texts(str(data_dir), tuple(evaluation_sets(names)))[1]
+
+
+# ----------------------------------------------------------------------------- decontamination
+
+
+def decontaminate(examples: list[dict[str, str]], features: Sequence[str], *, data_dir: str,
+                  stats) -> tuple[list[dict[str, str]], tuple[str, ...]]:
+  """Drops examples with a text in any evaluation set found under `data_dir`; counts them in
+  `stats` by set. Returns the kept examples and the evaluation sets whose files are missing."""
+  sets = evaluation_texts(data_dir)
+  missing = missing_evaluation_sets(data_dir)
+  index: dict[str, str] = {}
+  for name, texts in sets.items():
+    for t in texts:
+      index.setdefault(t, name)
+  kept = []
+  for ex in examples:
+    hit = next((index[n] for n in (normalize(ex[f]) for f in features) if n in index), None)
+    if hit is None:
+      kept.append(ex)
+    else:
+      stats.filter(f"text in evaluation set {hit}")
+  return kept, missing
+
+
+def warn_missing(task: str, data_dir: str, missing: Sequence[str]) -> None:
+  if missing:
+    log.warning("Task %s is not decontaminated against %d evaluation sets missing under %s: %s. "
+                "`st5 data prepare` puts them there; `st5 data overlap` reports overlaps.", task, len(missing),
+                data_dir, ", ".join(m.split(" (")[0] for m in missing))
+
+
+def decontaminate_tf(ds, features: Sequence[str], *, data_dir: str):
+  """tf.data version for the TFDS-backed tasks: drops examples with a text in an evaluation set.
+
+  Normalises in TF (NFKC, UTF-8 lower case, letters and digits), which equals `normalize`
+  for all but rare characters whose lower case differs between Python and ICU.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  table = _tf_table(str(data_dir))
+  if table is None:
+    return ds
+
+  def clean(ex):
+    hits = [table.lookup(_normalize_tf(ex[f])) for f in features]
+    return tf.logical_not(tf.reduce_any(tf.stack(hits)))
+
+  return ds.filter(clean)
+
+
+def _normalize_tf(text):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_text as tf_text  # pylint: disable=g-import-not-at-top
+  text = tf.strings.lower(tf_text.normalize_utf8(text, "NFKC"), encoding="utf-8")
+  return tf.strings.regex_replace(text, r"[^\p{L}\p{N}]", "")
+
+
+@functools.lru_cache(maxsize=2)
+def _tf_table(data_dir: str):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  sets = evaluation_texts(data_dir)
+  warn_missing("(TFDS-backed)", data_dir, missing_evaluation_sets(data_dir))
+  keys = sorted(set().union(*sets.values()))
+  if not keys:
+    return None
+  init = tf.lookup.KeyValueTensorInitializer(tf.constant(keys, tf.string), tf.ones(len(keys), tf.bool))
+  return tf.lookup.StaticHashTable(init, default_value=False)
+
+
+# ----------------------------------------------------------------------------- reporting
+
+
+def task_texts(task_name: str, split: str) -> Iterator[str]:
+  """Every text of a task split: raw rows for this project's sources, else seqio's
+  preprocessed examples decoded with the task's vocabularies (untruncated)."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  from st5_jax.data import sources  # pylint: disable=g-import-not-at-top
+  task = seqio.get_mixture_or_task(task_name)
+  if isinstance(task.source, sources.ExampleSource):
+    for ex in task.source.iter_examples(split):
+      yield from ex.values()
+    return
+  text_features = {k: f.vocabulary for k, f in task.output_features.items()
+                   if f.rank == 1 and not isinstance(f.vocabulary, seqio.PassThroughVocabulary)}
+  ds = task.get_dataset(sequence_length=None, split=split, shuffle=False, trim_output_features=False)
+  for ex in ds.as_numpy_iterator():
+    for k, vocab in text_features.items():
+      ids = [int(i) for i in ex[k] if i > 0 and i != vocab.eos_id]
+      yield vocab.decode(ids)
+
+
+@dataclasses.dataclass
+class Overlap:
+  task: str
+  split: str
+  evaluation: str
+  count: int  # distinct evaluation texts found in the task
+  evaluation_size: int
+  examples: list  # a few of them, shortest first
+
+
+def find_overlaps(tasks: Iterable[str], *, data_dir: str, evaluations: str | Sequence[str] = "all",
+                  split: str = "train", show: int = 3) -> tuple[list[Overlap], list[str]]:
+  """Overlaps of every task (mixtures expanded) with every evaluation set; and the sets not found."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  sets = evaluation_texts(data_dir, evaluations)
+  missing = list(missing_evaluation_sets(data_dir, evaluations))
+  names = []
+  for name in tasks:
+    provider = seqio.get_mixture_or_task(name)
+    names += [t.name for t in provider.tasks] if isinstance(provider, seqio.Mixture) else [name]
+  found = []
+  for task_name in dict.fromkeys(names):
+    originals: dict[str, str] = {}
+    for text in task_texts(task_name, split):
+      originals.setdefault(normalize(text), text)
+    originals.pop("", None)
+    for evaluation, texts in sets.items():
+      common = texts & originals.keys()
+      if common:
+        sample = sorted(common, key=lambda n: (len(n), n))[:show]
+        found.append(Overlap(task_name, split, evaluation, len(common), len(texts),
+                             [originals[n] for n in sample]))
+  return found, missing
+
+
+def summary(overlaps: Sequence[Overlap], missing: Sequence[str]) -> str:
+  lines = []
+  if overlaps:
+    lines.append(f"{'task (split)':46} {'evaluation set':20} {'overlap':>8} {'of':>7}  e.g.")
+    for o in overlaps:
+      lines.append(f"{o.task + ' (' + o.split + ')':46} {o.evaluation:20} {o.count:>8} {o.evaluation_size:>7}  "
+                   + " | ".join(e[:50] for e in o.examples))
+  else:
+    lines.append("No overlap between the training tasks and the evaluation sets.")
+  if missing:
+    lines += ["", "Evaluation sets not checked (files missing):"] + [f"  {m}" for m in missing]
+  return "\n".join(lines)
+
+
+def as_json(overlaps: Sequence[Overlap], missing: Sequence[str]) -> Mapping:
+  return {"overlaps": [dataclasses.asdict(o) for o in overlaps], "missing_evaluation_sets": list(missing)}
