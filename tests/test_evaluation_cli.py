@@ -83,10 +83,10 @@ def test_eval_two_models_then_compare(fake_encoder_module, data_dir, tmp_path):
   assert len(report.load_results(tmp_path / "merged.json")) == 5
 
 
-def test_bad_task_fails_before_loading(fake_encoder_module, data_dir, tmp_path):
-  with pytest.raises(ValueError, match="unknown task"):
-    cli.main(["eval", "--model", "m", "--tasks", "sts,bogus", "--data_dir", str(data_dir),
-              "--output", str(tmp_path / "r.json")])
+def test_bad_task_fails_before_loading(fake_encoder_module, data_dir, tmp_path, capsys):
+  assert cli.main(["eval", "--model", "m", "--tasks", "sts,bogus", "--data_dir", str(data_dir),
+                   "--output", str(tmp_path / "r.json")]) == 2
+  assert "unknown task" in capsys.readouterr().err
   assert fake_encoder_module == []
 
 
