@@ -37,7 +37,7 @@ from typing import Any, Mapping, MutableMapping, Sequence
 
 import numpy as np
 
-from st5_jax import paths
+from st5_jax import encode_options, paths
 from st5_jax.configs import ST5Config
 
 log = logging.getLogger(__name__)
@@ -334,12 +334,21 @@ class SavedModelEncoder:
   def encode_tokens(self, tokens_BxL: np.ndarray) -> np.ndarray:
     return self.model.encode_tokens(self._tf.constant(tokens_BxL, self._tf.int32)).numpy()
 
-  def encode(self, texts: Sequence[str], batch_size: int | None = None, *,
-             show_progress: bool = False) -> np.ndarray:
+  def encode(self, texts: str | Sequence[str], batch_size: int | None = None, *, show_progress: bool = False,
+             show_progress_bar: bool | None = None, normalize_embeddings: bool = False,
+             convert_to_numpy: bool = True, convert_to_tensor: bool = False, **unknown) -> Any:
+    """float32 [len(texts), dim] embeddings in input order ([dim] for one string).
+
+    Takes sentence-transformers' keywords as aliases (st5_jax/encode_options.py):
+    show_progress_bar, normalize_embeddings, convert_to_numpy, convert_to_tensor.
+    """
+    return encode_options.encode(self._encode_list, texts, batch_size, show_progress=show_progress,
+                                 show_progress_bar=show_progress_bar, normalize_embeddings=normalize_embeddings,
+                                 convert_to_numpy=convert_to_numpy, convert_to_tensor=convert_to_tensor,
+                                 unknown=unknown)
+
+  def _encode_list(self, texts: list[str], batch_size: int | None, show_progress: bool) -> np.ndarray:
     """float32 [len(texts), dim] embeddings, in input order."""
-    if isinstance(texts, str):
-      raise TypeError("encode() takes a list of strings, not a single string")
-    texts = list(texts)
     batch_size = batch_size or self.max_batch_size
     out_NxD = np.zeros((len(texts), self.dim), np.float32)
     # Characters approximate token counts well enough to keep padding low.
