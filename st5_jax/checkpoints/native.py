@@ -51,9 +51,10 @@ def write_config(directory: paths.PathLike, config: ST5Config) -> None:
 
 
 def copy_vocab(directory: paths.PathLike, vocab_file: str) -> None:
+  from st5_jax import vocab  # pylint: disable=g-import-not-at-top
   dst = paths.join(directory, VOCAB_FILE)
   if not paths.exists(dst):
-    paths.write_bytes(dst, paths.read_bytes(vocab_file))
+    paths.write_bytes(dst, vocab.model_proto(vocab_file))  # a tokenizer.json is converted
 
 
 def checkpoint_manager(directory: paths.PathLike, *, item_handlers=None, **options) -> ocp.CheckpointManager:

@@ -118,8 +118,9 @@ def load_flat(path: str | os.PathLike) -> tuple[ST5Config, dict[str, np.ndarray]
 def _check_vocab(vocab_file: str, config: ST5Config) -> bytes:
   import sentencepiece as spm
 
-  with paths.open_file(vocab_file, "rb") as f:
-    proto = f.read()
+  from st5_jax import vocab  # pylint: disable=g-import-not-at-top
+
+  proto = vocab.model_proto(vocab_file)  # a tokenizer.json becomes a SentencePiece model here
   sp = spm.SentencePieceProcessor(model_proto=proto)
   if sp.pad_id() != 0 or sp.eos_id() != _EOS_ID:
     raise ValueError(f"{vocab_file} is not a T5 vocabulary: pad={sp.pad_id()} eos={sp.eos_id()}, expected 0 and 1")
@@ -272,7 +273,7 @@ def export(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], vocab_fi
   tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
   staged = pathlib.Path(tempfile.mkdtemp(prefix="st5_export_assets_"))
   try:
-    (staged / VOCAB_FILE).write_bytes(paths.read_bytes(vocab_file))
+    (staged / VOCAB_FILE).write_bytes(vocab_proto)
     (staged / CONFIG_FILE).write_text(config.to_json())
     (staged / EXPORT_FILE).write_text(json.dumps(meta, indent=1))
     module = _build_module(config=config, flat=flat, names=names, vocab_proto=vocab_proto, staged=staged,
