@@ -112,6 +112,15 @@ def markdown(models: Mapping[str, dict], *, title: str = "Evaluation results") -
   if details:
     lines += ["", "## Other metrics", "", "| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)] + details
 
+  mteb_tasks = list(dict.fromkeys(t for r in models.values() for t in (r.get("mteb") or {})))
+  if mteb_tasks:
+    lines += ["", "## MTEB (main score x100)", "", "| Task | Split | Metric | " + " | ".join(names) + " |",
+              "|---|---|---|" + "---:|" * len(names)]
+    for t in mteb_tasks:
+      first = next(r["mteb"][t] for r in models.values() if t in (r.get("mteb") or {}))
+      vals = [_fmt((r.get("mteb") or {}).get(t, {}).get("main")) for r in models.values()]
+      lines.append(f"| {t} | {first.get('split', '-')} | {first.get('metric', '-')} | " + " | ".join(vals) + " |")
+
   lines += ["", "## Runs", "", "| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
   for key, label, digits in (("dim", "embedding dim", 0), ("n_texts", "distinct texts encoded", 0),
                              ("encode_seconds", "encode seconds", 1), ("total_seconds", "total seconds", 1),
