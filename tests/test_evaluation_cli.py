@@ -41,7 +41,9 @@ def fake_encoder_module(monkeypatch):
 def test_eval_registered():
   parser = cli.build_parser()
   args = parser.parse_args(["eval", "--model", "m", "--output", "r.json"])
-  assert args.tasks == "sts,transfer,sentglue,geometry" and callable(args.run)
+  assert args.tasks is None and callable(args.run)  # None: the default suites, or only --mteb's tasks
+  from st5_jax.commands import eval as eval_command
+  assert eval_command.DEFAULT_TASKS == "sts,transfer,sentglue,geometry"
 
 
 def test_eval_two_models_then_compare(fake_encoder_module, data_dir, tmp_path):

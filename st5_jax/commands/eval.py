@@ -13,6 +13,9 @@ import pathlib
 from st5_jax.configs import POOLINGS
 
 
+DEFAULT_TASKS = "sts,transfer,sentglue,geometry"  # when neither --tasks nor --mteb is given
+
+
 def register(sub: argparse._SubParsersAction) -> None:
   p = sub.add_parser("eval", help="Evaluate encoders on STS, SentEval transfer, SentGLUE and geometry.")
   p.add_argument("--model", default="", help="Model path(s), comma-separated: any format `st5 encode` loads.")
@@ -95,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
   if not model_paths and not compare:
     raise SystemExit("give --model and/or --compare")
   mteb_names = _split(args.mteb)
-  task_arg = args.tasks if args.tasks is not None else ("" if mteb_names else "sts,transfer,sentglue,geometry")
+  task_arg = args.tasks if args.tasks is not None else ("" if mteb_names else DEFAULT_TASKS)
   tasks = resolve_tasks(task_arg) if task_arg else []  # fails before any model loads on a typo.
   data_dir = paths.data_dir(args.data_dir) if model_paths else None
   if mteb_names and model_paths:
