@@ -67,8 +67,9 @@ def is_user_error(exc: BaseException) -> bool:
 
   Missing files and folders (FileNotFoundError and its subclasses paths.MissingFileError,
   data InputFileError; NotADirectoryError, IsADirectoryError, FileExistsError), this
-  project's own error types, and ValueError / SyntaxError / KeyError raised by this
-  package's validation or by gin's config parser. The same types raised deep inside
+  project's own error types, ValueError / SyntaxError / KeyError raised by this
+  package's validation or by gin's config parser, and our ImportErrors that say which
+  extra to `pip install`. The same types raised deep inside
   a library (jax, numpy, TensorFlow) are bugs and keep their traceback.
   """
   from_us = _validation_module(_raised_in(exc))
@@ -76,6 +77,8 @@ def is_user_error(exc: BaseException) -> bool:
     return True
   if isinstance(exc, tokenize.TokenError):  # gin's tokenizer on a malformed binding
     return True
+  if isinstance(exc, ImportError) and from_us and "pip install" in str(exc):
+    return True  # an optional extra that is not installed; our message names it
   module = type(exc).__module__ or ""
   if module.startswith("st5_jax.") and not isinstance(exc, (TypeError, AttributeError, AssertionError)):
     return True  # PrepareError, DownloadError, UnsupportedExportError, ParameterMismatchError, ...

@@ -105,6 +105,15 @@ def test_data_subcommands(tmp_path, data_dir, capsys, monkeypatch):
   assert "is not a folder" in _one_error_line(capsys, "st5 data prepare")
 
 
+def test_missing_optional_extra_is_one_line(tmp_path, data_dir, capsys, monkeypatch):
+  monkeypatch.setitem(sys.modules, "mteb", None)  # as if the `mteb` extra were not installed
+  monkeypatch.delitem(sys.modules, "st5_jax.mteb", raising=False)
+  rc = cli.main(["eval", "--model", str(tmp_path), "--mteb", "STSBenchmark", "--data_dir", str(data_dir),
+                 "--output", str(tmp_path / "r.json")])
+  assert rc == 2
+  assert "pip install 'st5_jax[mteb]'" in _one_error_line(capsys, "st5 eval")
+
+
 def test_bugs_keep_their_traceback(monkeypatch):
   from st5_jax.commands import encode
 
