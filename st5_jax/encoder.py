@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from st5_jax import paths
+from st5_jax import encode_options, paths
 from st5_jax import vocab as vocab_lib
 from st5_jax.checkpoints import loader, tree
 from st5_jax.configs import ST5Config
@@ -92,12 +92,21 @@ class SentenceEncoder:
   def encode_tokens(self, tokens_BxL: np.ndarray) -> np.ndarray:
     return np.asarray(self._apply(self.params, jnp.asarray(tokens_BxL, jnp.int32)), np.float32)
 
-  def encode(self, texts: Sequence[str], batch_size: int | None = None, *,
-             show_progress: bool = False) -> np.ndarray:
+  def encode(self, texts: str | Sequence[str], batch_size: int | None = None, *, show_progress: bool = False,
+             show_progress_bar: bool | None = None, normalize_embeddings: bool = False,
+             convert_to_numpy: bool = True, convert_to_tensor: bool = False, **unknown) -> Any:
+    """float32 [len(texts), dim] embeddings in input order ([dim] for one string).
+
+    Takes sentence-transformers' keywords as aliases (st5_jax/encode_options.py):
+    show_progress_bar, normalize_embeddings, convert_to_numpy, convert_to_tensor.
+    """
+    return encode_options.encode(self._encode_list, texts, batch_size, show_progress=show_progress,
+                                 show_progress_bar=show_progress_bar, normalize_embeddings=normalize_embeddings,
+                                 convert_to_numpy=convert_to_numpy, convert_to_tensor=convert_to_tensor,
+                                 unknown=unknown)
+
+  def _encode_list(self, texts: list[str], batch_size: int | None, show_progress: bool) -> np.ndarray:
     """float32 [len(texts), dim] embeddings (L2-normalised), in input order."""
-    if isinstance(texts, str):
-      raise TypeError("encode() takes a list of strings, not a single string")
-    texts = list(texts)
     batch_size = batch_size or self.max_batch_size
     out_NxD = np.zeros((len(texts), self.dim), np.float32)
     if not texts:

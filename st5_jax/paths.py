@@ -42,6 +42,8 @@ DATA_DIR_ENV = "ST5_DATA_DIR"
 VOCAB_RELPATH = "t5_spiece/spiece.model"
 # The file name the T5 vocabulary has in Hugging Face, T5X and our own model folders.
 VOCAB_BASENAME = "spiece.model"
+# What transformers 5 and SentenceTransformer.save write instead (a Unigram model; see vocab.py).
+TOKENIZER_JSON_BASENAME = "tokenizer.json"
 LAYOUT_HINT = ("the layout `st5 data prepare --out DIR` writes (sts12-16/, stsb/, sick/, senteval_transfer/, "
                "glue/, nli/, qa_pairs/, t5_spiece/spiece.model; see docs/data.md)")
 
@@ -306,14 +308,19 @@ def data_dir(explicit: PathLike | None = None, *, required: bool = True) -> epat
 
 
 def vocab_path(explicit: PathLike | None = None, *, model_dir: PathLike | None = None) -> str:
-  """Resolves the SentencePiece model: argument, model folder, $ST5_VOCAB, $ST5_DATA_DIR."""
+  """Resolves the SentencePiece model: argument, model folder, $ST5_VOCAB, $ST5_DATA_DIR.
+
+  In a model folder spiece.model wins; a tokenizer.json alone (transformers 5,
+  SentenceTransformer.save) is used next, converted by st5_jax.vocab.
+  """
   tried = []
   candidates = []
   if explicit:
     candidates.append(("argument", os.fspath(explicit)))
   if model_dir:
-    for sub in ("", "assets", "0_Transformer", "0_T5"):
-      candidates.append(("model folder", join(model_dir, *([sub] if sub else []), VOCAB_BASENAME)))
+    for basename in (VOCAB_BASENAME, TOKENIZER_JSON_BASENAME):
+      for sub in ("", "assets", "0_Transformer", "0_T5"):
+        candidates.append(("model folder", join(model_dir, *([sub] if sub else []), basename)))
   if os.environ.get(VOCAB_ENV):
     candidates.append((VOCAB_ENV, os.environ[VOCAB_ENV]))
   if os.environ.get(DATA_DIR_ENV):
@@ -326,5 +333,5 @@ def vocab_path(explicit: PathLike | None = None, *, model_dir: PathLike | None =
       raise MissingFileError(f"Vocabulary file {candidate} does not exist.")
   raise MissingFileError(
       "No T5 SentencePiece vocabulary found" + (f"; tried: {', '.join(tried)}" if tried else "") +
-      f". Pass vocab=PATH, put {VOCAB_BASENAME} in the model folder, or set {VOCAB_ENV} "
+      f". Pass vocab=PATH, put {VOCAB_BASENAME} (or a Unigram {TOKENIZER_JSON_BASENAME}) in the model folder, or set {VOCAB_ENV} "
       f"(or {DATA_DIR_ENV} with {VOCAB_RELPATH} inside).")

@@ -44,8 +44,35 @@ def test_batching_and_order_do_not_change_embeddings(model_dir):
   rev = enc.encode(TEXTS[::-1])
   np.testing.assert_allclose(rev[::-1], full, atol=1e-5)
   assert enc.encode([]).shape == (0, 16)
-  with pytest.raises(TypeError):
-    enc.encode("a single string")
+
+
+def test_single_string_and_sentence_transformers_keywords(model_dir, vocab_path, capsys):
+  import torch
+
+  enc = SentenceEncoder.load(model_dir)
+  full = enc.encode(TEXTS)
+  one = enc.encode("Hello world")  # as SentenceTransformer.encode: a string gives a 1-D vector
+  assert one.shape == (16,) and one.dtype == np.float32
+  np.testing.assert_allclose(one, full[-1], atol=1e-5)
+  np.testing.assert_allclose(enc.encode(TEXTS, batch_size=2, show_progress_bar=True, convert_to_numpy=True),
+                             full, atol=1e-5)
+  assert "encode" in capsys.readouterr().err  # show_progress_bar drew tqdm's bar
+  rows = enc.encode(TEXTS, convert_to_numpy=False)
+  assert isinstance(rows, list) and len(rows) == 6 and rows[1].shape == (16,)
+  tensor = enc.encode(TEXTS, convert_to_tensor=True)
+  assert isinstance(tensor, torch.Tensor) and tuple(tensor.shape) == (6, 16)
+  np.testing.assert_allclose(tensor.numpy(), full, atol=1e-5)
+  assert tuple(enc.encode("Hello world", convert_to_tensor=True).shape) == (16,)
+  with pytest.raises(TypeError, match="prompt"):
+    enc.encode(TEXTS, prompt="query: ")
+  with pytest.raises(TypeError, match="strings"):
+    enc.encode([1, 2])
+  # normalize_embeddings matters for a model that does not normalise (normalize=False).
+  raw = SentenceEncoder(enc.config.replace(normalize=False), enc.params, tokenizer=vocab.Tokenizer(vocab_path))
+  plain = raw.encode(TEXTS)
+  assert not np.allclose(np.linalg.norm(plain, axis=1), 1, atol=1e-3)
+  normed = raw.encode(TEXTS, normalize_embeddings=True)
+  np.testing.assert_allclose(normed, plain / np.linalg.norm(plain, axis=1, keepdims=True), rtol=1e-5)
 
 
 def test_truncation_to_max_length(model_dir):

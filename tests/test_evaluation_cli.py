@@ -41,7 +41,9 @@ def fake_encoder_module(monkeypatch):
 def test_eval_registered():
   parser = cli.build_parser()
   args = parser.parse_args(["eval", "--model", "m", "--output", "r.json"])
-  assert args.tasks == "sts,transfer,sentglue,geometry" and callable(args.run)
+  assert args.tasks is None and callable(args.run)  # None: the default suites, or only --mteb's tasks
+  from st5_jax.commands import eval as eval_command
+  assert eval_command.DEFAULT_TASKS == "sts,transfer,sentglue,geometry"
 
 
 def test_eval_two_models_then_compare(fake_encoder_module, data_dir, tmp_path):
@@ -83,10 +85,10 @@ def test_eval_two_models_then_compare(fake_encoder_module, data_dir, tmp_path):
   assert len(report.load_results(tmp_path / "merged.json")) == 5
 
 
-def test_bad_task_fails_before_loading(fake_encoder_module, data_dir, tmp_path):
-  with pytest.raises(ValueError, match="unknown task"):
-    cli.main(["eval", "--model", "m", "--tasks", "sts,bogus", "--data_dir", str(data_dir),
-              "--output", str(tmp_path / "r.json")])
+def test_bad_task_fails_before_loading(fake_encoder_module, data_dir, tmp_path, capsys):
+  assert cli.main(["eval", "--model", "m", "--tasks", "sts,bogus", "--data_dir", str(data_dir),
+                   "--output", str(tmp_path / "r.json")]) == 2
+  assert "unknown task" in capsys.readouterr().err
   assert fake_encoder_module == []
 
 
@@ -114,3 +116,36 @@ def test_benchmark_script_writes_table(data_dir, tmp_path, capsys):
   assert "| STS12 |" in text and "| STSBenchmarkDev |" in text and "Wall time" in text
   assert "wall" in capsys.readouterr().out
   assert list(report.load_results(tmp_path / "r.json")) == ["hashed-bow-16"]
+
+
+def _geometry_result(sts_mean: float, align: float, uniform: float) -> dict:
+  return {"tasks": {"AlignUniform": {"alignment": align, "uniformity": uniform, "split": "test"}},
+          "summary": {"sts": {"mean": sts_mean, "n_tasks": 7, "complete": True}}, "meta": {}}
+
+
+def _colour_bar(fig):
+  (cbar_ax,) = [a for a in fig.axes if a.get_label() == "<colorbar>"]
+  fig.canvas.draw()
+  ticks = [t for t in cbar_ax.get_yticks() if cbar_ax.get_ylim()[0] - 1e-9 <= t <= cbar_ax.get_ylim()[1] + 1e-9]
+  return cbar_ax, ticks
+
+
+def test_align_uniform_colour_bar_of_one_model_is_readable(tmp_path):
+  import matplotlib.pyplot as plt
+
+  fig = report.align_uniform_figure({"only": _geometry_result(52.6, 0.31, -2.4)})
+  cbar_ax, ticks = _colour_bar(fig)
+  lo, hi = cbar_ax.get_ylim()
+  assert lo < 52.6 < hi and 0.5 <= hi - lo <= 5  # a range around the value, not 1e-6 wide
+  assert cbar_ax.yaxis.get_offset_text().get_text() == ""  # no '1e-7+5.26e1' over the title
+  labels = [float(t.get_text().replace("\u2212", "-")) for t in cbar_ax.get_yticklabels() if t.get_text()]
+  assert len(ticks) >= 2 and labels and all(abs(v - 52.6) < 3 for v in labels)  # not 0..8
+  assert fig.axes[0].xaxis.get_offset_text().get_text() == ""
+  plt.close(fig)
+  # Two models keep their own range.
+  fig = report.align_uniform_figure({"a": _geometry_result(70.0, 0.2, -3.0), "b": _geometry_result(80.0, 0.3, -3.5)})
+  cbar_ax, _ = _colour_bar(fig)
+  assert cbar_ax.get_ylim() == (70.0, 80.0)
+  plt.close(fig)
+  assert report.plot_align_uniform({"only": _geometry_result(52.6, 0.31, -2.4)}, tmp_path / "au.png")
+  assert (tmp_path / "au.png").read_bytes()[:8] == PNG_MAGIC

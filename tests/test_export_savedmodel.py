@@ -247,6 +247,8 @@ def test_sentence_encoder_and_load_model_read_the_savedmodel(exported):
     want = _reference(exported, name)
     np.testing.assert_allclose(enc.encode(SENTENCES, batch_size=3), want, atol=1e-5)
     assert enc.encode([]).shape == (0, cfg.output_dim)
+    np.testing.assert_allclose(enc.encode(SENTENCES[1], normalize_embeddings=True), want[1], atol=1e-5)
+    assert enc.encode(SENTENCES, convert_to_tensor=True).shape == want.shape
     assert enc.tokenize(["Hello world"]) == [[8774, 296, vocab.EOS_ID]]
     # Parameters come back exactly, without tracing, for every st5_jax tool.
     loaded_cfg, flat = savedmodel.load_flat(dst)

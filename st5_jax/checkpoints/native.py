@@ -51,9 +51,10 @@ def write_config(directory: paths.PathLike, config: ST5Config) -> None:
 
 
 def copy_vocab(directory: paths.PathLike, vocab_file: str) -> None:
+  from st5_jax import vocab  # pylint: disable=g-import-not-at-top
   dst = paths.join(directory, VOCAB_FILE)
   if not paths.exists(dst):
-    paths.write_bytes(dst, paths.read_bytes(vocab_file))
+    paths.write_bytes(dst, vocab.model_proto(vocab_file))  # a tokenizer.json is converted
 
 
 def checkpoint_manager(directory: paths.PathLike, *, item_handlers=None, **options) -> ocp.CheckpointManager:
@@ -64,6 +65,11 @@ def checkpoint_manager(directory: paths.PathLike, *, item_handlers=None, **optio
                                options=ocp.CheckpointManagerOptions(**options))
 
 
+def committed_steps(folder: paths.PathLike) -> list[int]:
+  """Steps orbax has finalised under DIR/checkpoints (no CheckpointManager: it warns when read-only)."""
+  return sorted(ocp.path.step.checkpoint_steps(paths.path(folder) / CHECKPOINT_DIR))
+
+
 def step_to_load(path: paths.PathLike) -> tuple[str, int]:
   """(model folder, step): the step directory given, else the latest committed step."""
   folder = root(path)
@@ -71,28 +77,36 @@ def step_to_load(path: paths.PathLike) -> tuple[str, int]:
     raise FileNotFoundError(f"{path} is not an st5_jax model folder or work dir (no {CONFIG_FILE})")
   if os.fspath(paths.path(path)) != folder:  # a step directory was given
     return folder, int(paths.path(path).name)
-  mngr = checkpoint_manager(folder, read_only=True)
-  steps = mngr.all_steps()
-  mngr.close()
+  steps = committed_steps(folder)
   if not steps:
     raise FileNotFoundError(f"{folder} has {CONFIG_FILE} but no committed checkpoint under {CHECKPOINT_DIR}/")
   return folder, max(steps)
 
 
 def load_params(path: paths.PathLike) -> tuple[ST5Config, Any, int]:
-  """(config, parameter tree as stored, step) of the latest (or given) step."""
+  """(config, parameter tree as stored, step) of the latest (or given) step.
+
+  Restores only the `params` item, with a StandardCheckpointer on its directory: a
+  CheckpointManager would warn about the `meta` / `opt_state` items it is not asked for
+  (and about being read-only) on every load.
+  """
   folder, step = step_to_load(path)
   config = read_config(folder)
-  mngr = checkpoint_manager(folder, read_only=True, item_handlers={"params": ocp.StandardCheckpointHandler()})
+  item = paths.path(folder) / CHECKPOINT_DIR / str(step) / "params"
+  if not paths.is_dir(item):
+    raise FileNotFoundError(f"{item} does not exist: step {step} of {folder} has no params item")
+  # The item's handler, not a Checkpointer: the step-level _CHECKPOINT_METADATA is the
+  # manager's, and a Checkpointer on the item directory warns that it has none.
+  handler = ocp.StandardCheckpointHandler()
   try:
+    meta = handler.metadata(item)
     # Restore onto this process's first device whatever mesh wrote it (e.g. a pod slice).
-    meta = mngr.item_metadata(step)["params"]
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), meta)
-    restored = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))
+    params = handler.restore(item, args=ocp.args.StandardRestore(target))
   finally:
-    mngr.close()
-  return config, restored["params"], step
+    handler.close()
+  return config, params, step
 
 
 def load_flat(path: paths.PathLike) -> tuple[ST5Config, dict[str, np.ndarray]]:

@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+from st5_jax.cli import UsageError
+
 
 def register(subparsers) -> None:
   parser = subparsers.add_parser("data", help="Prepare and inspect training/evaluation data.",
@@ -83,20 +85,17 @@ def _prepare(args) -> int:
   env_dir = os.environ.get("ST5_DATA_DIR")
   out = args.out or env_dir
   if not out:
-    print("error: pass --out DIR (or set ST5_DATA_DIR) for the prepared data folder.", file=sys.stderr)
-    return 2
+    raise UsageError("pass --out DIR (or set ST5_DATA_DIR) for the prepared data folder.")
   source = args.source or (env_dir if env_dir and os.path.abspath(env_dir) != os.path.abspath(out) else None)
   if source and not os.path.isdir(source):
-    print(f"error: --source {source} is not a folder.", file=sys.stderr)
-    return 2
+    raise UsageError(f"--source {source} is not a folder.")
   datasets = [d.strip() for d in args.datasets.split(",") if d.strip()] if args.datasets else None
   try:
     report = prepare_lib.prepare(out_dir=out, source_dir=source, base_url=args.base_url, datasets=datasets,
                                  offline=args.offline, trust_unverified=args.trust_unverified, strict=args.strict,
                                  progress=not args.no_progress, timeout=args.timeout, tfds=args.tfds)
   except prepare_lib.PrepareError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+    raise UsageError(str(e)) from e
   print(report.summary())
   if not report.ok:
     print(f"\n{len(report.errors)} problem(s); see above.", file=sys.stderr)
@@ -134,8 +133,7 @@ def _nli_triples(args) -> int:
   try:
     triples = builders.build_nli_triples(args.input, stats=stats, strict=args.strict, mode=args.mode)
   except (BadRowError, InputFileError, ValueError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
+    raise UsageError(str(e)) from e
   n = builders.write_simcse_csv(triples, args.out)
   s = stats.as_dict()
   print(f"wrote {n} triples to {args.out}; rows read {s['rows_read']}, skipped {s['rows_skipped']}, "
@@ -157,8 +155,7 @@ def _overlap(args) -> int:
     names = [t.strip() for t in args.tasks.split(",") if t.strip()]
     found, missing = overlap.find_overlaps(names, data_dir=data_dir, evaluations=args.eval, split=args.split,
                                            show=args.show)
-  except (FileNotFoundError, ValueError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+  except (FileNotFoundError, ValueError) as e:  # also seqio's "not found" for an unknown task name
+    raise UsageError(str(e)) from e
   print(json.dumps(overlap.as_json(found, missing), indent=1) if args.json else overlap.summary(found, missing))
   return 1 if found else 0

@@ -13,12 +13,21 @@ import pathlib
 from st5_jax.configs import POOLINGS
 
 
+DEFAULT_TASKS = "sts,transfer,sentglue,geometry"  # when neither --tasks nor --mteb is given
+
+
 def register(sub: argparse._SubParsersAction) -> None:
   p = sub.add_parser("eval", help="Evaluate encoders on STS, SentEval transfer, SentGLUE and geometry.")
   p.add_argument("--model", default="", help="Model path(s), comma-separated: any format `st5 encode` loads.")
   p.add_argument("--name", default="", help="Display names for --model, comma-separated (default: folder names).")
-  p.add_argument("--tasks", default="sts,transfer,sentglue,geometry",
-                 help="Comma-separated tasks or suites: sts, transfer, sentglue, geometry, all, dev, or task names.")
+  p.add_argument("--tasks", default=None,
+                 help="Comma-separated tasks or suites: sts, transfer, sentglue, geometry, all, dev, or task names "
+                 "(default: sts,transfer,sentglue,geometry; none when only --mteb is given).")
+  p.add_argument("--mteb", default="",
+                 help="Comma-separated MTEB task names (needs the `mteb` extra). STSBenchmark, SICK-R and "
+                 "STS12-16 run offline from --data_dir; others are fetched by mteb (or read from the HF "
+                 "datasets cache). Results go under \"mteb\" in the results JSON.")
+  p.add_argument("--mteb_output", default=None, help="Also keep mteb's own per-task result files here.")
   p.add_argument("--data_dir", default=None,
                  help="Public data folder (layout of ../shared/data; default $ST5_DATA_DIR).")
   p.add_argument("--output", required=True, help="Results JSON; the .md and .png files are written beside it.")
@@ -51,13 +60,29 @@ def _display_names(paths: list[str], names: list[str]) -> list[str]:
   return out
 
 
-def load_encoder(path: str, args: argparse.Namespace):
-  """`encode(list[str]) -> [N, D]` for a model path (SentenceEncoder is imported only here)."""
+def _load_kwargs(args: argparse.Namespace) -> dict:
+  return {k: getattr(args, k) for k in ("pooling", "vocab", "max_length") if getattr(args, k) is not None}
+
+
+def load_sentence_encoder(path: str, args: argparse.Namespace):
+  """The SentenceEncoder of a model path (imported only here: `st5 eval --help` stays fast)."""
   from st5_jax.encoder import SentenceEncoder
 
-  kwargs = {k: getattr(args, k) for k in ("pooling", "vocab", "max_length") if getattr(args, k) is not None}
-  enc = SentenceEncoder.load(path, **kwargs)
+  return SentenceEncoder.load(path, **_load_kwargs(args))
+
+
+def load_encoder(path: str, args: argparse.Namespace):
+  """`encode(list[str]) -> [N, D]` for a model path."""
+  enc = load_sentence_encoder(path, args)
   return lambda texts: enc.encode(texts, batch_size=args.batch_size)
+
+
+def _run_mteb(enc, path: str, args: argparse.Namespace, names: list[str], data_dir) -> dict:
+  from st5_jax import mteb as st5_mteb
+
+  model = st5_mteb.wrap(enc, path=path, load_kwargs=_load_kwargs(args), batch_size=args.batch_size)
+  return st5_mteb.evaluate(model, names, data_dir=data_dir, batch_size=args.batch_size,
+                           output_folder=args.mteb_output)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,12 +97,21 @@ def run(args: argparse.Namespace) -> int:
   compare = _split(args.compare)
   if not model_paths and not compare:
     raise SystemExit("give --model and/or --compare")
-  tasks = resolve_tasks(args.tasks)  # fails before any model loads on a typo.
+  mteb_names = _split(args.mteb)
+  task_arg = args.tasks if args.tasks is not None else ("" if mteb_names else DEFAULT_TASKS)
+  tasks = resolve_tasks(task_arg) if task_arg else []  # fails before any model loads on a typo.
   data_dir = paths.data_dir(args.data_dir) if model_paths else None
+  if mteb_names and model_paths:
+    from st5_jax import mteb as st5_mteb
+    st5_mteb.get_tasks(mteb_names, data_dir=data_dir)  # unknown names fail before any model loads
 
   models = {}
   for name, path in zip(_display_names(model_paths, _split(args.name)), model_paths):
-    result = evaluate(load_encoder(path, args), tasks, data_dir, kfold=args.kfold)
+    enc = load_sentence_encoder(path, args)  # once for both harnesses
+    encode = lambda texts, enc=enc: enc.encode(texts, batch_size=args.batch_size)  # noqa: E731
+    result = evaluate(encode, tasks, data_dir, kfold=args.kfold) if tasks else {"tasks": {}, "meta": {}}
+    if mteb_names:
+      result["mteb"] = _run_mteb(enc, path, args, mteb_names, data_dir)
     result["source"] = path
     models[name] = result
   for path in compare:

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
                            max_length=args.max_length, platforms=platforms, eval_results=args.eval_results,
                            overwrite=args.overwrite)
   except (UnsupportedExportError, FileExistsError) as e:
-    print(f"st5 export: {e}", file=sys.stderr)
-    return 2
+    from st5_jax.cli import UsageError
+    raise UsageError(str(e)) from e
   print(json.dumps(summary, indent=1))
   return 0

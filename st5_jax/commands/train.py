@@ -31,11 +31,11 @@ def gin_overrides(extra: list[str]) -> list[str]:
   while i < len(extra):
     arg = extra[i]
     if not arg.startswith("--gin."):
-      raise SystemExit(f"st5 train: unrecognized argument {arg!r} (gin overrides look like --gin.KEY=VALUE)")
+      raise SystemExit(f"unrecognized argument {arg!r} (gin overrides look like --gin.KEY=VALUE)")
     body = arg[len("--gin."):]
     if "=" not in body:
       if i + 1 >= len(extra):
-        raise SystemExit(f"st5 train: {arg} needs a value")
+        raise SystemExit(f"{arg} needs a value")
       body = f"{body}={extra[i + 1]}"
       i += 1
     bindings.append(body)
@@ -70,7 +70,7 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str] = (
     elif (REPO_GIN_DIR / f).is_file():
       resolved.append(str(REPO_GIN_DIR / f))
     else:
-      raise SystemExit(f"st5 train: gin file {f!r} not found (looked in ., {REPO_GIN_DIR} and search paths)")
+      raise SystemExit(f"gin file {f!r} not found (looked in ., {REPO_GIN_DIR} and search paths)")
   gin.parse_config_files_and_bindings(resolved, bindings, finalize_config=False)
 
 

@@ -112,6 +112,15 @@ def markdown(models: Mapping[str, dict], *, title: str = "Evaluation results") -
   if details:
     lines += ["", "## Other metrics", "", "| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)] + details
 
+  mteb_tasks = list(dict.fromkeys(t for r in models.values() for t in (r.get("mteb") or {})))
+  if mteb_tasks:
+    lines += ["", "## MTEB (main score x100)", "", "| Task | Split | Metric | " + " | ".join(names) + " |",
+              "|---|---|---|" + "---:|" * len(names)]
+    for t in mteb_tasks:
+      first = next(r["mteb"][t] for r in models.values() if t in (r.get("mteb") or {}))
+      vals = [_fmt((r.get("mteb") or {}).get(t, {}).get("main")) for r in models.values()]
+      lines.append(f"| {t} | {first.get('split', '-')} | {first.get('metric', '-')} | " + " | ".join(vals) + " |")
+
   lines += ["", "## Runs", "", "| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
   for key, label, digits in (("dim", "embedding dim", 0), ("n_texts", "distinct texts encoded", 0),
                              ("encode_seconds", "encode seconds", 1), ("total_seconds", "total seconds", 1),
@@ -181,16 +190,22 @@ def _min_main(models, rows) -> float:
   return min(vals) if vals else 0.0
 
 
-def plot_align_uniform(models: Mapping[str, dict], path: str | os.PathLike) -> bool:
-  """Alignment vs uniformity, one point per model (the paper's figure); colour = STS mean."""
+# Half-width of the colour scale when every model has the same STS mean (e.g. one model):
+# a range of 1e-6 made matplotlib draw ticks 0..8 under an offset like 1e-7+5.26e1.
+SINGLE_VALUE_HALF_RANGE = 1.0
+
+
+def align_uniform_figure(models: Mapping[str, dict]):
+  """The alignment/uniformity figure (matplotlib Agg), or None when no model has AlignUniform."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+  from matplotlib.ticker import ScalarFormatter
 
   points = [(name, r["tasks"]["AlignUniform"], r.get("summary", {}).get("sts", {}))
             for name, r in models.items() if "AlignUniform" in r.get("tasks", {})]
   if not points:
-    return False
+    return None
   fig, ax = plt.subplots(figsize=(5.5, 4.5))
   # Colour by STS mean only when every point has all 7 STS sets: partial means do not compare.
   complete = all(s.get("complete") for _, _, s in points)
@@ -198,20 +213,36 @@ def plot_align_uniform(models: Mapping[str, dict], path: str | os.PathLike) -> b
   sts_vals = [s for _, _, s in points if s is not None]
   kw = {}
   if sts_vals:
-    kw = dict(c=[np.nan if s is None else s for _, _, s in points], cmap="viridis",
-              vmin=min(sts_vals), vmax=max(sts_vals) + (1e-6 if len(set(sts_vals)) == 1 else 0))
+    lo, hi = min(sts_vals), max(sts_vals)
+    if hi - lo < 1e-3:  # one model (or equal means): centre a readable range on the value
+      lo, hi = lo - SINGLE_VALUE_HALF_RANGE, hi + SINGLE_VALUE_HALF_RANGE
+    kw = dict(c=[np.nan if s is None else s for _, _, s in points], cmap="viridis", vmin=lo, vmax=hi)
   sc = ax.scatter([p["uniformity"] for _, p, _ in points], [p["alignment"] for _, p, _ in points], s=60,
                   edgecolors="black", **kw)
   for name, p, _ in points:
     ax.annotate(name, (p["uniformity"], p["alignment"]), textcoords="offset points", xytext=(5, 5), fontsize=8)
   if sts_vals:
-    fig.colorbar(sc, ax=ax, label="STS mean (Spearman x100)")
+    cbar = fig.colorbar(sc, ax=ax, label="STS mean (Spearman x100)")
+    formatter = ScalarFormatter(useOffset=False)  # never an offset text over the title
+    cbar.ax.yaxis.set_major_formatter(formatter)
+  for axis in (ax.xaxis, ax.yaxis):
+    axis.set_major_formatter(ScalarFormatter(useOffset=False))
   ax.set_xlabel(r"$\ell_{uniform}$ (lower is better)")
   ax.set_ylabel(r"$\ell_{align}$ (lower is better)")
   ax.set_title(f"Alignment vs uniformity, STS-B {_split(models)}", fontsize=10)
   ax.grid(alpha=0.3)
   ax.margins(x=0.35, y=0.2)  # room for the labels
   fig.tight_layout()
+  return fig
+
+
+def plot_align_uniform(models: Mapping[str, dict], path: str | os.PathLike) -> bool:
+  """Alignment vs uniformity, one point per model (the paper's figure); colour = STS mean."""
+  import matplotlib.pyplot as plt
+
+  fig = align_uniform_figure(models)
+  if fig is None:
+    return False
   fig.savefig(path, dpi=120)
   plt.close(fig)
   return True

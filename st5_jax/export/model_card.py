@@ -76,6 +76,30 @@ def _eval_rows(path: str) -> list[tuple[str, str, str, float]]:
   return rows
 
 
+def _mteb_rows(path: str) -> list[tuple[str, str, str, str, float]]:
+  """(model, task, split, metric, main x100) rows of MTEB results in a results file.
+
+  Either an `st5 eval --mteb` results JSON (the "mteb" block of each model) or one of
+  mteb's own per-task result files (`task_name` + `scores`, main_score in [0, 1]).
+  """
+  payload = _read_json(path)
+  if payload is None:
+    raise FileNotFoundError(f"evaluation results {path} are missing or not JSON")
+  rows = []
+  if "task_name" in payload and isinstance(payload.get("scores"), dict):
+    for split, entries in payload["scores"].items():
+      mains = [e["main_score"] for e in entries if isinstance(e.get("main_score"), (int, float))]
+      if mains:
+        rows.append(("mteb", str(payload["task_name"]), split, "main_score", 100 * sum(mains) / len(mains)))
+    return rows
+  models = payload.get("models") if "models" in payload else {pathlib.Path(path).stem: payload}
+  for name, result in (models or {}).items():
+    for task, res in ((result or {}).get("mteb") or {}).items():
+      if isinstance(res, dict) and isinstance(res.get("main"), (int, float)):
+        rows.append((name, task, str(res.get("split") or ""), str(res.get("metric") or ""), float(res["main"])))
+  return rows
+
+
 @dataclasses.dataclass
 class CardInfo:
   """What the card says; every field may be unknown (None / empty)."""
@@ -89,6 +113,7 @@ class CardInfo:
   train_config: dict[str, Any] | None = None
   train_results: dict[str, Any] | None = None
   eval_rows: list[tuple[str, str, str, float]] = dataclasses.field(default_factory=list)
+  mteb_rows: list[tuple[str, str, str, str, float]] = dataclasses.field(default_factory=list)
   num_params: int | None = None
   # Set when the export pools differently from training (a removed layer-attention head).
   trained_pooling: str | None = None
@@ -120,7 +145,10 @@ def collect(*, config: ST5Config, source: str, source_format: str, step: int | N
     if isinstance(value, (int, float)):
       info.eval_rows.append(("training run", label, "spearman", float(value)))
   for path in eval_results:
-    info.eval_rows += _eval_rows(path)
+    payload = _read_json(path) or {}
+    if not ("task_name" in payload and "scores" in payload):  # not one of mteb's own result files
+      info.eval_rows += _eval_rows(path)
+    info.mteb_rows += _mteb_rows(path)
   return info
 
 
@@ -245,8 +273,14 @@ def render(info: CardInfo, *, export_format: str, name: str = ".") -> str:
     lines += ["| Model | Task | Metric | Score |", "|---|---|---|---:|"]
     lines += [f"| {m} | {t} | {metric or '-'} | {v:.2f} |" for m, t, metric, v in info.eval_rows]
   else:
-    lines.append("No evaluation results were recorded for this model (run `st5 eval --model DIR --output "
+    lines.append("See the MTEB results below." if info.mteb_rows else
+                 "No evaluation results were recorded for this model (run `st5 eval --model DIR --output "
                  "results.json` and re-export with `--eval_results results.json` to include them).")
+  if info.mteb_rows:
+    lines += ["", "## MTEB results", "",
+              "Scored with [MTEB](https://github.com/embeddings-benchmark/mteb) (`st5 eval --mteb`); main score x100.",
+              "", "| Model | Task | Split | Metric | Score |", "|---|---|---|---|---:|"]
+    lines += [f"| {m} | {t} | {split or '-'} | {metric or '-'} | {v:.2f} |" for m, t, split, metric, v in info.mteb_rows]
   lines += ["", "## How to load", "", _usage(export_format, name, cfg.output_dim).rstrip(), ""]
   return "\n".join(lines)
 

@@ -37,7 +37,7 @@ from typing import Any, Mapping, MutableMapping, Sequence
 
 import numpy as np
 
-from st5_jax import paths
+from st5_jax import encode_options, paths
 from st5_jax.configs import ST5Config
 
 log = logging.getLogger(__name__)
@@ -118,8 +118,9 @@ def load_flat(path: str | os.PathLike) -> tuple[ST5Config, dict[str, np.ndarray]
 def _check_vocab(vocab_file: str, config: ST5Config) -> bytes:
   import sentencepiece as spm
 
-  with paths.open_file(vocab_file, "rb") as f:
-    proto = f.read()
+  from st5_jax import vocab  # pylint: disable=g-import-not-at-top
+
+  proto = vocab.model_proto(vocab_file)  # a tokenizer.json becomes a SentencePiece model here
   sp = spm.SentencePieceProcessor(model_proto=proto)
   if sp.pad_id() != 0 or sp.eos_id() != _EOS_ID:
     raise ValueError(f"{vocab_file} is not a T5 vocabulary: pad={sp.pad_id()} eos={sp.eos_id()}, expected 0 and 1")
@@ -272,7 +273,7 @@ def export(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], vocab_fi
   tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
   staged = pathlib.Path(tempfile.mkdtemp(prefix="st5_export_assets_"))
   try:
-    (staged / VOCAB_FILE).write_bytes(paths.read_bytes(vocab_file))
+    (staged / VOCAB_FILE).write_bytes(vocab_proto)
     (staged / CONFIG_FILE).write_text(config.to_json())
     (staged / EXPORT_FILE).write_text(json.dumps(meta, indent=1))
     module = _build_module(config=config, flat=flat, names=names, vocab_proto=vocab_proto, staged=staged,
@@ -334,12 +335,21 @@ class SavedModelEncoder:
   def encode_tokens(self, tokens_BxL: np.ndarray) -> np.ndarray:
     return self.model.encode_tokens(self._tf.constant(tokens_BxL, self._tf.int32)).numpy()
 
-  def encode(self, texts: Sequence[str], batch_size: int | None = None, *,
-             show_progress: bool = False) -> np.ndarray:
+  def encode(self, texts: str | Sequence[str], batch_size: int | None = None, *, show_progress: bool = False,
+             show_progress_bar: bool | None = None, normalize_embeddings: bool = False,
+             convert_to_numpy: bool = True, convert_to_tensor: bool = False, **unknown) -> Any:
+    """float32 [len(texts), dim] embeddings in input order ([dim] for one string).
+
+    Takes sentence-transformers' keywords as aliases (st5_jax/encode_options.py):
+    show_progress_bar, normalize_embeddings, convert_to_numpy, convert_to_tensor.
+    """
+    return encode_options.encode(self._encode_list, texts, batch_size, show_progress=show_progress,
+                                 show_progress_bar=show_progress_bar, normalize_embeddings=normalize_embeddings,
+                                 convert_to_numpy=convert_to_numpy, convert_to_tensor=convert_to_tensor,
+                                 unknown=unknown)
+
+  def _encode_list(self, texts: list[str], batch_size: int | None, show_progress: bool) -> np.ndarray:
     """float32 [len(texts), dim] embeddings, in input order."""
-    if isinstance(texts, str):
-      raise TypeError("encode() takes a list of strings, not a single string")
-    texts = list(texts)
     batch_size = batch_size or self.max_batch_size
     out_NxD = np.zeros((len(texts), self.dim), np.float32)
     # Characters approximate token counts well enough to keep padding low.

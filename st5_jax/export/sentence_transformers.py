@@ -70,7 +70,8 @@ def _encoder_state_dict(flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]
 
 
 def _write_tokenizer(out: pathlib.Path, vocab_file: str, max_length: int) -> None:
-  (out / VOCAB_FILE).write_bytes(paths.read_bytes(vocab_file))  # the vocabulary may be on gs://
+  from st5_jax import vocab  # pylint: disable=g-import-not-at-top
+  (out / VOCAB_FILE).write_bytes(vocab.model_proto(vocab_file))  # gs:// or a tokenizer.json too
   # Enough for transformers to build the tokenizer from spiece.model on its own.
   (out / "tokenizer_config.json").write_text(json.dumps({
       "tokenizer_class": "T5Tokenizer", "model_max_length": max_length, "extra_ids": 100,

@@ -1,0 +1,74 @@
+"""st5_jax.mteb: an mteb AbsEncoder with a ModelMeta; offline STS-B through mteb equals `st5 eval`'s."""
+
+from __future__ import annotations
+
+import json
+
+import flax.linen as nn
+import jax
+import pytest
+
+from st5_jax import cli, configs
+from st5_jax.checkpoints import native
+from st5_jax.model import init_params
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, vocab_path):
+  cfg = configs.ST5Config(t5=configs.t5_size("t5_tiny"), pooling="enc_mean", embedding_dim=16, max_length=32)
+  params = jax.device_get(nn.unbox(init_params(cfg, jax.random.PRNGKey(0))))
+  d = tmp_path_factory.mktemp("mteb") / "tiny_st5"
+  native.save_model(d, cfg, params, step=7, vocab_file=vocab_path)
+  return d
+
+
+def test_load_gives_an_abs_encoder_with_model_meta(model_dir):
+  from mteb.models.abs_encoder import AbsEncoder
+
+  from st5_jax import mteb as st5_mteb
+
+  model = st5_mteb.load(model_dir, max_length=24)
+  assert isinstance(model, AbsEncoder)
+  meta = model.mteb_model_meta
+  assert meta.name == "st5_jax/tiny_st5" and meta.embed_dim == 16 and meta.max_tokens == 24
+  assert meta.framework == ["JAX"] and meta.similarity_fn_name == "cosine" and meta.open_weights
+  assert meta.license == "apache-2.0" and meta.reference == st5_mteb.PAPER
+  assert meta.n_parameters == sum(x.size for x in jax.tree.leaves(model.model.params))
+  assert meta.loader_kwargs == {"max_length": 24} and meta.revision == "step7"
+  # mteb calls similarity() on encode()'s output: unit vectors, so cosine = dot.
+  emb = model.model.encode(["a man plays", "a woman sings"])
+  sims = model.similarity(emb, emb)
+  assert abs(float(sims[0][0]) - 1) < 1e-5
+
+
+def test_offline_stsb_in_mteb_matches_st5_eval_and_reaches_the_model_card(model_dir, data_dir, tmp_path, capsys):
+  out = tmp_path / "results.json"
+  rc = cli.main(["eval", "--model", str(model_dir), "--tasks", "STSBenchmark", "--mteb", "STSBenchmark",
+                 "--data_dir", str(data_dir), "--output", str(out), "--mteb_output", str(tmp_path / "mteb")])
+  assert rc == 0
+  (result,) = json.loads(out.read_text())["models"].values()
+  ours = result["tasks"]["STSBenchmark"]["main"]
+  theirs = result["mteb"]["STSBenchmark"]
+  assert theirs["metric"] == "cosine_spearman" and theirs["split"] == "test"
+  assert abs(ours - theirs["main"]) < 1e-4, (ours, theirs["main"])
+  assert abs(ours) > 5  # a random tiny model still ranks pairs; 0 would hide a broken comparison
+  assert "## MTEB" in (tmp_path / "results.md").read_text()
+  (mteb_file,) = (tmp_path / "mteb").rglob("STSBenchmark.json")  # mteb's own result file
+
+  card_dir = tmp_path / "st"
+  assert cli.main(["export", "--model", str(model_dir), "--format", "sentence-transformers", "--out", str(card_dir),
+                   "--eval_results", str(out), "--eval_results", str(mteb_file)]) == 0
+  card = (card_dir / "README.md").read_text()
+  assert "## MTEB results" in card
+  block = card[card.index("## MTEB results"):]
+  assert f"| tiny_st5 | STSBenchmark | test | cosine_spearman | {theirs['main']:.2f} |" in block
+  assert f"| mteb | STSBenchmark | test | main_score | {theirs['main']:.2f} |" in block
+  capsys.readouterr()
+
+
+def test_unknown_mteb_task_fails_before_loading(tmp_path, data_dir, capsys):
+  rc = cli.main(["eval", "--model", str(tmp_path / "never_loaded"), "--mteb", "NoSuchTaskAnywhere",
+                 "--data_dir", str(data_dir), "--output", str(tmp_path / "r.json")])
+  assert rc == 2
+  err = capsys.readouterr().err
+  assert "st5 eval: error: unknown mteb task 'NoSuchTaskAnywhere'" in err and "Traceback" not in err
