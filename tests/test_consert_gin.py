@@ -146,8 +146,8 @@ def test_aot_compiles_the_consert_joint_step_for_a_tpu_topology(tmp_path):
   gin_file.write_text(AOT_TINY)
   env = dict(os.environ)
   env.pop("JAX_PLATFORMS", None)  # compile-only TPU devices need the TPU plugin
-  out = subprocess.run([sys.executable, "-m", "st5_jax.cli", "aot", "--gin", str(gin_file), "--gin_search_path",
-                        str(REPO / "gin"), "--json", str(tmp_path / "aot.json")],
+  out = subprocess.run([sys.executable, "-m", "st5_jax.cli", "aot", "--gin", str(gin_file), "--json",
+                        str(tmp_path / "aot.json")],
                        capture_output=True, text=True, env=env, timeout=900)
   assert out.returncode == 0, out.stderr[-3000:]
   report = json.loads((tmp_path / "aot.json").read_text())
