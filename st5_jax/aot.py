@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from st5_jax import flops as flops_lib
 from st5_jax import partitioning, train
+from st5_jax.features import LABELS
 
 GIB = 1024 ** 3
 
@@ -165,13 +166,30 @@ def _feature_lengths(data: Any) -> dict[str, int]:
   return dict(lengths)
 
 
-def abstract_batch(mesh, global_batch_size: int, lengths: dict[str, int]) -> dict[str, jax.ShapeDtypeStruct]:
+def abstract_batch(mesh, global_batch_size: int, lengths: dict[str, int], *,
+                   objective: str = "st5") -> dict[str, jax.ShapeDtypeStruct]:
+  """The step's batch as abstract arrays: the features the objective reads, sharded on the batch axes.
+
+  st5: LEFT, RIGHT (+ RIGHT_NEG with a `negative_targets` length); consert_unsup: LEFT
+  only (single sentences); consert_joint: LEFT, RIGHT and the int32 [B] NLI LABELS.
+  """
   sharding = partitioning.batch_sharding(mesh)
-  batch = {train.LEFT: jax.ShapeDtypeStruct((global_batch_size, lengths["inputs"]), jnp.int32, sharding=sharding),
-           train.RIGHT: jax.ShapeDtypeStruct((global_batch_size, lengths["targets"]), jnp.int32, sharding=sharding)}
+
+  def tokens(key: str) -> jax.ShapeDtypeStruct:
+    if key not in lengths:
+      raise ValueError(f"objective {objective!r} needs a {key!r} length in DataConfig.feature_lengths "
+                       f"(TASK_FEATURE_LENGTHS), got {lengths}")
+    return jax.ShapeDtypeStruct((global_batch_size, lengths[key]), jnp.int32, sharding=sharding)
+
+  batch = {train.LEFT: tokens("inputs")}
+  if objective == "consert_unsup":
+    return batch
+  batch[train.RIGHT] = tokens("targets")
+  if objective == "consert_joint":
+    batch[LABELS] = jax.ShapeDtypeStruct((global_batch_size,), jnp.int32, sharding=sharding)
+    return batch
   if "negative_targets" in lengths:
-    batch[train.RIGHT_NEG] = jax.ShapeDtypeStruct((global_batch_size, lengths["negative_targets"]), jnp.int32,
-                                                  sharding=sharding)
+    batch[train.RIGHT_NEG] = tokens("negative_targets")
   return batch
 
 
@@ -209,7 +227,7 @@ def compile_for_devices(spec, devices, *, name: str, topology: str, utilisation:
   state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                        setup.abstract_state, setup.state_shardings)
   lengths = _feature_lengths(spec.data)
-  batch = abstract_batch(mesh, tc.global_batch_size, lengths)
+  batch = abstract_batch(mesh, tc.global_batch_size, lengths, objective=tc.objective)
   start = time.perf_counter()
   chip = chip_spec(devices[0])
   with jax.set_mesh(mesh):
@@ -222,7 +240,8 @@ def compile_for_devices(spec, devices, *, name: str, topology: str, utilisation:
       if mem is None:
         raise
   compile_seconds = time.perf_counter() - start
-  step_flops = flops_lib.train_step_flops(spec.model, global_batch_size=tc.global_batch_size, lengths=lengths)
+  step_flops = flops_lib.train_step_flops(spec.model, global_batch_size=tc.global_batch_size, lengths=lengths,
+                                          objective=tc.objective)
   n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(nn.unbox(abstract_params(spec.model))))
   return AotReport(
       name=name, topology=topology, devices=len(devices), device_kind=devices[0].device_kind,

@@ -29,9 +29,21 @@ def encoder_forward_flops(config: ST5Config, length: int) -> float:
   return float(flops)
 
 
-def train_step_flops(config: ST5Config, *, global_batch_size: int, lengths: Mapping[str, int]) -> float:
-  """Forward + backward (3x forward) FLOPs of one step over all towers and the loss."""
+def train_step_flops(config: ST5Config, *, global_batch_size: int, lengths: Mapping[str, int],
+                     objective: str = "st5") -> float:
+  """Forward + backward (3x forward) FLOPs of one step over all towers and the loss.
+
+  objective: TrainConfig.objective. ConSERT's run two views (two forward passes) of each
+  sentence set: `consert_unsup` of `inputs`, `consert_joint` of `inputs` and `targets`,
+  each set with a [2B, 2B] NT-Xent similarity matrix (the joint NLI classifier is
+  negligible; FGV's extra forward and backward pass is not counted).
+  """
   B = global_batch_size
+  if objective in ("consert_unsup", "consert_joint"):
+    sides = [lengths["inputs"]] + ([lengths["targets"]] if objective == "consert_joint" else [])
+    forward = sum(2 * B * encoder_forward_flops(config, L) for L in sides)
+    forward += len(sides) * 2 * (2 * B) ** 2 * config.output_dim  # NT-Xent similarities
+    return 3.0 * forward
   towers = [lengths["inputs"], lengths["targets"]]
   if "negative_targets" in lengths:
     towers.append(lengths["negative_targets"])

@@ -22,8 +22,12 @@ def st5_model(size: str = "t5_base", *, pooling: str = "enc_mean", embedding_dim
               normalize: bool = True, max_length: int = 128, dtype: str | None = None,
               dropout_rate: float = 0.1, scan_layers: bool = False, remat_policy: str = "none",
               layer_attention_token: str = "first", layer_attention_norm: bool = True,
-              **t5_overrides: Any) -> configs.ST5Config:
-  """An ST5Config from a named T5 size; dtype None = bfloat16 on accelerators, float32 on CPU."""
+              nli_classes: int = 0, **t5_overrides: Any) -> configs.ST5Config:
+  """An ST5Config from a named T5 size; dtype None = bfloat16 on accelerators, float32 on CPU.
+
+  nli_classes: the training-only NLI classifier of ConSERT's joint objective (3 for NLI;
+  0: none). It is dropped at inference and export.
+  """
   if dtype is None:
     import jax
     dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"
@@ -31,7 +35,7 @@ def st5_model(size: str = "t5_base", *, pooling: str = "enc_mean", embedding_dim
                        remat_policy=remat_policy, **t5_overrides)
   return configs.ST5Config(t5=t5, pooling=pooling, embedding_dim=embedding_dim, normalize=normalize,
                            max_length=max_length, layer_attention_token=layer_attention_token,
-                           layer_attention_norm=layer_attention_norm)
+                           layer_attention_norm=layer_attention_norm, nli_classes=nli_classes)
 
 
 def register() -> None:

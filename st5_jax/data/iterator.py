@@ -398,7 +398,9 @@ class BatchIterator:
 
 
 def get_provider(name: str) -> seqio.DatasetProviderBase:
-  """A registered task or mixture (importing st5_jax.data.tasks registers the st5 ones)."""
+  """A registered task or mixture (importing st5_jax.data.tasks and st5_jax.consert.tasks
+  registers the st5_* and consert_* ones)."""
+  from st5_jax.consert import tasks as _consert  # noqa: F401  pylint: disable=g-import-not-at-top
   from st5_jax.data import tasks as _  # noqa: F401  pylint: disable=g-import-not-at-top
   try:
     return seqio.get_mixture_or_task(name)
