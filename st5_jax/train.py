@@ -546,6 +546,21 @@ def _load_pretrained(path: str, model_config: ST5Config, init_projection: str, s
   return params
 
 
+def _check_finite(steps: list[tuple[int, Any, Any]], mngr) -> None:
+  """Raises NonFiniteLossError naming the first step whose loss or gradient norm is not finite.
+
+  Called before every save (a checkpoint step is a log step), so a poisoned state is never saved.
+  """
+  for step, loss, grad_norm in steps:
+    if not (math.isfinite(float(loss)) and math.isfinite(float(grad_norm))):
+      mngr.wait_until_finished()
+      raise NonFiniteLossError(
+          f"Non-finite loss ({float(loss)}) or gradient norm ({float(grad_norm)}) at step {step}; stopping "
+          f"without saving. The last good checkpoint is step {mngr.latest_step()} in "
+          f"{mngr.directory}. Check that step's batch (token ids outside the vocabulary give NaN "
+          "embeddings) and the parameters; lower the learning rate, or use float32 activations.")
+
+
 def _loop(setup: Setup, state: TrainState, iterator: BatchIterator, mngr, writer: _MetricWriter,
           tc: TrainConfig, *, start_step: int, progress: bool, sts_dev_eval: Callable[[Any], float | None],
           summary: dict[str, Any], stop_after_steps: int | None) -> TrainResult:
@@ -564,6 +579,7 @@ def _loop(setup: Setup, state: TrainState, iterator: BatchIterator, mngr, writer
     return {"step": step_, "data_state": iterator.get_state(), "seed": tc.seed, "time": time.time()}
 
   step_fn = None
+  unchecked: list[tuple[int, jax.Array, jax.Array]] = []
   with _StopFlag() as stop:
     while step < end:
       batch = next(iterator)
@@ -571,6 +587,9 @@ def _loop(setup: Setup, state: TrainState, iterator: BatchIterator, mngr, writer
         step_fn = multihost.compile_together(setup.step_fn, state, batch, name="train_step")
       state, metrics = step_fn(state, batch)
       step += 1
+      # The loss and gradient norm of every step stay on device until the next log step, so
+      # a non-finite one is reported at the step it happened, not at the step it was seen.
+      unchecked.append((step, metrics["loss"], metrics["grad_norm"]))
       stopping = stop.should_stop(step)
       steps_since += 1
       examples_since += tc.global_batch_size
@@ -579,12 +598,8 @@ def _loop(setup: Setup, state: TrainState, iterator: BatchIterator, mngr, writer
       is_log = step % tc.log_every == 0 or is_ckpt or step == end or stopping
       if is_log:
         host = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        if not (math.isfinite(host["loss"]) and math.isfinite(host["grad_norm"])):
-          mngr.wait_until_finished()
-          raise NonFiniteLossError(
-              f"Non-finite loss ({host['loss']}) or gradient norm ({host['grad_norm']}) at step {step}; stopping "
-              f"without saving. The last good checkpoint is step {mngr.latest_step()} in "
-              f"{mngr.directory}. Lower the learning rate, check the data, or use float32 activations.")
+        _check_finite(jax.device_get(unchecked), mngr)
+        unchecked.clear()
         now = time.perf_counter()
         dt = max(now - t_last, 1e-9)
         host.update(examples_per_sec=examples_since / dt, tokens_per_sec=tokens_since / dt,
