@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import types
+import typing
 from typing import Any
 
 import gin
@@ -71,16 +74,130 @@ class RunSpec:
   target: dict[str, Any] | None
 
 
+class GinConfigError(ValueError):
+  """A mistake in a gin file or binding, in one line: `file:line: binding: what is wrong`."""
+
+
+# Files parsed by `parse` (for naming where a binding came from once it is used).
+_PARSED_FILES: list[str] = []
+
+
+def _one_line(e: BaseException) -> str:
+  """gin's 'message\n  In file "f", line n\n    text' as 'f:n: text: message'."""
+  if isinstance(e, SyntaxError) and e.filename:
+    return f"{e.filename}:{e.lineno}: {(e.text or '').strip()}: {e.msg}"
+  text = str(e)
+  m = re.search(r'\n\s*In file "([^"]*)", line (\d+)\n\s*(.*)', text)
+  if not m:
+    return " ".join(text.split())
+  message = " ".join(text[:m.start()].split())
+  return f"{m.group(1)}:{m.group(2)}: {m.group(3).strip()}: {message}"
+
+
+def parse(files: list[str], bindings: list[str], *, finalize: bool = False) -> None:
+  """gin.parse_config_files_and_bindings, its mistakes as one-line GinConfigErrors.
+
+  Nothing is read or compiled here; `run_spec()` then checks types and REQUIRED bindings.
+  """
+  register()
+  _PARSED_FILES[:] = list(files)
+  try:
+    gin.parse_config_files_and_bindings(files, bindings, finalize_config=finalize)
+  except (ValueError, OSError, SyntaxError, TypeError) as e:
+    raise GinConfigError(_one_line(e)) from e
+
+
+def _where(selector: str, arg: str) -> str:
+  """'file:line' of the last binding of selector.arg in the parsed files (else the command line)."""
+  pattern = re.compile(rf"^\s*(?:[\w./]*/)?{re.escape(selector)}\.{re.escape(arg)}\s*=")
+  found = "command line or an included file"
+  for f in _PARSED_FILES:
+    try:
+      lines = open(f, encoding="utf-8").read().splitlines()
+    except OSError:
+      continue
+    for i, line in enumerate(lines, 1):
+      if pattern.match(line):
+        found = f"{f}:{i}"
+  return found
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+  """Does `value` fit the annotation? Only the simple ones gin files bind are checked."""
+  if hint is Any or isinstance(hint, typing.TypeVar):
+    return True
+  origin = typing.get_origin(hint)
+  if origin in (typing.Union, types.UnionType):
+    return any(_type_ok(value, h) for h in typing.get_args(hint))
+  if hint is type(None):
+    return value is None
+  if hint is bool:
+    return isinstance(value, bool)
+  if hint is int:
+    return isinstance(value, int) and not isinstance(value, bool)
+  if hint is float:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+  if hint is str:
+    return isinstance(value, str)
+  if origin is not None and isinstance(origin, type) and origin.__module__ in ("builtins", "collections.abc"):
+    return isinstance(value, origin)
+  if isinstance(hint, type) and (hint.__module__ in ("builtins", "collections.abc") or dataclasses.is_dataclass(hint)):
+    return isinstance(value, hint)
+  return True
+
+
+def check_types(obj: Any, selector: str) -> None:
+  """Raises GinConfigError for the first field of a frozen config whose value has the wrong type."""
+  if not dataclasses.is_dataclass(obj):
+    return
+  hints = typing.get_type_hints(type(obj))
+  for f in dataclasses.fields(obj):
+    value = getattr(obj, f.name)
+    if f.name in hints and not _type_ok(value, hints[f.name]):
+      raise GinConfigError(f"{_where(selector, f.name)}: {selector}.{f.name} = {value!r}: expected "
+                           f"{_type_name(hints[f.name])}, got {type(value).__name__}")
+    if dataclasses.is_dataclass(value):
+      check_types(value, type(value).__name__)
+
+
+def _type_name(hint: Any) -> str:
+  return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+_CHECKED = {"train_config": "TrainConfig", "mesh": "MeshConfig", "data": "DataConfig"}
+
+
 @gin.configurable("run")
-def run_spec(*, model: configs.ST5Config = gin.REQUIRED, train_config: train.TrainConfig = gin.REQUIRED,
+def _run_spec(*, model: configs.ST5Config = gin.REQUIRED, train_config: train.TrainConfig = gin.REQUIRED,
              data: Any = gin.REQUIRED, mesh: partitioning.MeshConfig = partitioning.MeshConfig(),
              init_from: str | None = None, init_projection: str = "auto", vocab: str | None = None,
              eval_data_dir: str | None = None, rules: Any = partitioning.DEFAULT_RULES,
              target: dict[str, Any] | None = None) -> RunSpec:
   """The run's configuration, as bound by gin (`run.model = @st5_model()`, ...)."""
-  return RunSpec(model=model, train_config=train_config, data=data, mesh=mesh, init_from=init_from,
+  spec = RunSpec(model=model, train_config=train_config, data=data, mesh=mesh, init_from=init_from,
                  init_projection=init_projection, vocab=vocab, eval_data_dir=eval_data_dir, rules=rules,
                  target=target)
+  return spec
+
+
+def run_spec() -> RunSpec:
+  """The parsed run configuration; a REQUIRED binding left unset or a mistyped value is one GinConfigError."""
+  try:
+    spec = _run_spec()
+  except RuntimeError as e:
+    m = re.search(r"Required bindings for `(\w+)` not provided in config: \[(.*)\]", str(e))
+    if not m:
+      raise
+    names = [n.strip(" '\"") for n in m.group(2).split(",")]
+    files = ", ".join(_PARSED_FILES) or "the gin files"
+    raise GinConfigError(f"{files}: {', '.join(f'{m.group(1)}.{n}' for n in names)} is REQUIRED but not bound "
+                         f"(e.g. `{m.group(1)}.{names[0]} = ...`)") from e
+  except (TypeError, ValueError) as e:
+    raise GinConfigError(_one_line(e)) from e
+  # After the call: gin appends its own lines to errors raised inside a configurable.
+  for field, selector in _CHECKED.items():
+    check_types(getattr(spec, field), selector)
+  return spec
 
 
 def train_from_gin(*, workdir: str, progress: bool = True) -> train.TrainResult:

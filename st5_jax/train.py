@@ -14,6 +14,7 @@ interruption yields the same parameters as an uninterrupted run. Dropout keys ar
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import math
@@ -49,6 +50,67 @@ log = logging.getLogger(__name__)
 
 class NonFiniteLossError(RuntimeError):
   pass
+
+
+class WorkdirWriteError(OSError):
+  """The work dir stopped taking writes (disk full, quota, permissions, read-only)."""
+
+
+# errno values and the texts tensorstore / orbax wrap them in (their errors are ValueErrors).
+_STORAGE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+                   errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
+                   errno.EROFS: "read-only file system"}
+_STORAGE_TEXTS = {"no space left on device": errno.ENOSPC, "os_error_code='28'": errno.ENOSPC,
+                  "disk quota exceeded": errno.EDQUOT, "permission denied": errno.EACCES,
+                  "read-only file system": errno.EROFS}
+
+
+def _storage_errno(e: BaseException) -> int | None:
+  """The storage errno behind `e` (or its causes), if a failed write is what it is."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno in _STORAGE_ERRNOS:
+      return e.errno
+    text = str(e).lower()
+    for needle, code in _STORAGE_TEXTS.items():
+      if needle in text:
+        return code
+    e = e.__cause__ or e.__context__
+  return None
+
+
+def _committed_steps(workdir: epath.Path) -> list[int]:
+  try:
+    return sorted(int(p.name) for p in (workdir / native.CHECKPOINT_DIR).iterdir() if p.name.isdigit())
+  except OSError:
+    return []
+
+
+def workdir_write_error(e: BaseException, workdir: epath.Path) -> WorkdirWriteError | None:
+  """A one-line error naming the path, the reason and the free space, or None if `e` is no write failure."""
+  code = _storage_errno(e)
+  if code is None:
+    return None
+  space = ""
+  if not paths.is_remote(workdir):
+    existing = pathlib.Path(os.fspath(workdir))
+    while not existing.exists() and existing != existing.parent:
+      existing = existing.parent
+    usage = shutil.disk_usage(existing)
+    space = f" ({_bytes(usage.free)} free of {_bytes(usage.total)} on its file system)"
+  steps = _committed_steps(workdir)
+  kept = (f"Committed checkpoints are intact (steps {steps}); free space or fix the permissions and rerun "
+          f"the same command to resume from step {steps[-1]}." if steps else
+          "No checkpoint was committed yet; free space or fix the permissions and rerun the same command.")
+  return WorkdirWriteError(code, f"Cannot write to the work dir {workdir}: {_STORAGE_ERRNOS[code]}{space}. {kept}")
+
+
+def _bytes(n: int) -> str:
+  for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+    if n < 1024 or unit == "TiB":
+      return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    n /= 1024
 
 
 class BatchIterator(Protocol):
@@ -475,7 +537,25 @@ def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: 
     right size, else initialises one; "fresh" always initialises it.
   stop_after_steps: stop (with a checkpoint) after this many steps of this invocation;
     for tests and time-boxed jobs. The schedule still follows num_train_steps.
+
+  A work dir that stops taking writes (disk full, permissions) raises WorkdirWriteError
+  naming the path and the free space; committed checkpoints stay intact for a rerun.
   """
+  try:
+    return _train(workdir=workdir, model_config=model_config, train_config=train_config,
+                  make_iterator=make_iterator, mesh_config=mesh_config, init_from=init_from,
+                  init_projection=init_projection, vocab_file=vocab_file, eval_data_dir=eval_data_dir, rules=rules,
+                  progress=progress, run_info=run_info, stop_after_steps=stop_after_steps)
+  except Exception as e:
+    err = workdir_write_error(e, paths.path(workdir))
+    if err is None:
+      raise
+    log.error("%s", err)
+    raise err from e
+
+
+def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, init_from, init_projection,
+           vocab_file, eval_data_dir, rules, progress, run_info, stop_after_steps) -> TrainResult:
   workdir = paths.mkdir(workdir)  # local or gs://
   tc = train_config
   if tc.eval_every < 0:
@@ -496,7 +576,6 @@ def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: 
                   "global_batch_size": tc.global_batch_size, "mesh": dict(mesh.shape), **(run_info or {})})
 
   sts_dev_eval = make_sts_dev_eval(setup, model_config, data_dir=eval_data_dir, vocab_file=vocab_file, rules=rules)
-
   with jax.set_mesh(mesh):
     restored = restore_latest_good(mngr, setup)
     iterator = make_iterator(mesh, tc.global_batch_size, tc.seed)
@@ -546,6 +625,21 @@ def _load_pretrained(path: str, model_config: ST5Config, init_projection: str, s
   return params
 
 
+def _check_finite(steps: list[tuple[int, Any, Any]], mngr) -> None:
+  """Raises NonFiniteLossError naming the first step whose loss or gradient norm is not finite.
+
+  Called before every save (a checkpoint step is a log step), so a poisoned state is never saved.
+  """
+  for step, loss, grad_norm in steps:
+    if not (math.isfinite(float(loss)) and math.isfinite(float(grad_norm))):
+      mngr.wait_until_finished()
+      raise NonFiniteLossError(
+          f"Non-finite loss ({float(loss)}) or gradient norm ({float(grad_norm)}) at step {step}; stopping "
+          f"without saving. The last good checkpoint is step {mngr.latest_step()} in "
+          f"{mngr.directory}. Check that step's batch (token ids outside the vocabulary give NaN "
+          "embeddings) and the parameters; lower the learning rate, or use float32 activations.")
+
+
 def _loop(setup: Setup, state: TrainState, iterator: BatchIterator, mngr, writer: _MetricWriter,
           tc: TrainConfig, *, start_step: int, progress: bool, sts_dev_eval: Callable[[Any], float | None],
           summary: dict[str, Any], stop_after_steps: int | None) -> TrainResult:
@@ -564,6 +658,7 @@ def _loop(setup: Setup, state: TrainState, iterator: BatchIterator, mngr, writer
     return {"step": step_, "data_state": iterator.get_state(), "seed": tc.seed, "time": time.time()}
 
   step_fn = None
+  unchecked: list[tuple[int, jax.Array, jax.Array]] = []
   with _StopFlag() as stop:
     while step < end:
       batch = next(iterator)
@@ -571,6 +666,9 @@ def _loop(setup: Setup, state: TrainState, iterator: BatchIterator, mngr, writer
         step_fn = multihost.compile_together(setup.step_fn, state, batch, name="train_step")
       state, metrics = step_fn(state, batch)
       step += 1
+      # The loss and gradient norm of every step stay on device until the next log step, so
+      # a non-finite one is reported at the step it happened, not at the step it was seen.
+      unchecked.append((step, metrics["loss"], metrics["grad_norm"]))
       stopping = stop.should_stop(step)
       steps_since += 1
       examples_since += tc.global_batch_size
@@ -579,12 +677,8 @@ def _loop(setup: Setup, state: TrainState, iterator: BatchIterator, mngr, writer
       is_log = step % tc.log_every == 0 or is_ckpt or step == end or stopping
       if is_log:
         host = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        if not (math.isfinite(host["loss"]) and math.isfinite(host["grad_norm"])):
-          mngr.wait_until_finished()
-          raise NonFiniteLossError(
-              f"Non-finite loss ({host['loss']}) or gradient norm ({host['grad_norm']}) at step {step}; stopping "
-              f"without saving. The last good checkpoint is step {mngr.latest_step()} in "
-              f"{mngr.directory}. Lower the learning rate, check the data, or use float32 activations.")
+        _check_finite(jax.device_get(unchecked), mngr)
+        unchecked.clear()
         now = time.perf_counter()
         dt = max(now - t_last, 1e-9)
         host.update(examples_per_sec=examples_since / dt, tokens_per_sec=tokens_since / dt,

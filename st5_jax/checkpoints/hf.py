@@ -162,9 +162,13 @@ def read_state_dict(folder: str | os.PathLike, *, prefix: str = "") -> dict[str,
     out = {}
     for f in files:
       # The "flax" framework reads bfloat16 too, which plain numpy cannot.
-      with safe_open(str(f), framework="flax") as st:
-        for k in st.keys():
-          out[prefix + k] = np.asarray(st.get_tensor(k), np.float32)
+      try:
+        with safe_open(str(f), framework="flax") as st:
+          for k in st.keys():
+            out[prefix + k] = np.asarray(st.get_tensor(k), np.float32)
+      except Exception as e:  # noqa: BLE001  (SafetensorError and friends do not name the file)
+        raise ValueError(f"{f} is not a readable safetensors file ({type(e).__name__}: {e}); it may be "
+                         "truncated or corrupt.") from e
     return out
   bins = sorted(folder.glob("pytorch_model*.bin"))
   if bins:

@@ -69,7 +69,13 @@ def read_params(path: paths.PathLike) -> dict[str, np.ndarray]:
   """T5X parameters (`target`) as a flat dict of float32 arrays."""
   mp = msgpack_path(path)
   ckpt_dir = os.fspath(paths.path(mp).parent)
-  state = serialization.msgpack_restore(paths.read_bytes(mp))
+  try:
+    state = serialization.msgpack_restore(paths.read_bytes(mp))
+  except ValueError as e:  # msgpack's errors do not say which file (truncated, corrupt)
+    raise ValueError(f"{mp} is not a readable T5X msgpack checkpoint ({e}); the file may be truncated "
+                     "or corrupt.") from e
+  if not isinstance(state, dict):
+    raise ValueError(f"{mp} is not a T5X checkpoint: its msgpack holds a {type(state).__name__}, not a map")
   if "optimizer" in state:
     target = state["optimizer"]["target"]
   elif "target" in state:

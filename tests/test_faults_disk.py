@@ -1,0 +1,61 @@
+"""Faults: the work dir's disk fills up during a save.
+
+A real small file system, not an injected error: the trainer runs in a private mount
+namespace (`unshare --user --map-root-user --mount`, no root needed where unprivileged user
+namespaces are on) on a 2.4 MiB tmpfs, so orbax/tensorstore, tensorboardX and the metrics file
+meet a real ENOSPC wherever they happen to write. Then the tmpfs is grown (`remount,size=`:
+space is back) and the same command is rerun.
+"""
+
+import json
+import os
+import pathlib
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from test_faults_kill import GIN, WORKER
+
+SCRIPT = """
+set -u
+mount -t tmpfs -o size=2400k tmpfs {disk}
+{python} {worker} train --gin_file {gin} --workdir {disk}/wd --no_progress 2> {out}/first.err
+echo $? > {out}/first.rc
+ls {disk}/wd/checkpoints > {out}/after_first.ls
+cp {disk}/wd/metrics.jsonl {out}/first_metrics.jsonl
+mount -o remount,size=16m {disk}
+{python} {worker} train --gin_file {gin} --workdir {disk}/wd --no_progress 2> {out}/second.err
+echo $? > {out}/second.rc
+cp -a {disk}/wd {out}/wd
+"""
+
+
+def test_full_disk_during_a_save_is_named_and_resumable(tmp_path):
+  disk, out = tmp_path / "disk", tmp_path / "out"
+  disk.mkdir(), out.mkdir()
+  gin_file = tmp_path / "run.gin"
+  gin_file.write_text(GIN.format(steps=12, every=4))
+  script = SCRIPT.format(disk=disk, out=out, gin=gin_file, worker=WORKER, python=shlex.quote(sys.executable))
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  proc = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", script], env=env,
+                        capture_output=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+  err = (out / "first.err").read_text()
+  assert int((out / "first.rc").read_text()) != 0, err[-3000:]
+  # One line naming the path, the reason, the free space and what is kept.
+  line = next(l for l in err.splitlines() if l.startswith("st5_jax.train.WorkdirWriteError"))
+  assert f"Cannot write to the work dir {disk}/wd: no space left on device (" in line, line
+  assert "free of 2.3 MiB on its file system" in line, line
+  committed = sorted(int(n) for n in (out / "after_first.ls").read_text().split() if n.isdigit())
+  assert committed and f"Committed checkpoints are intact (steps {committed})" in line, line
+  assert f"resume from step {committed[-1]}" in line
+  # Space is back: the rerun resumes from the last committed step and finishes.
+  second = (out / "second.err").read_text()
+  assert int((out / "second.rc").read_text()) == 0, second[-3000:]
+  first_rows = len((out / "first_metrics.jsonl").read_text().splitlines())
+  rows = [json.loads(l) for l in (out / "wd" / "metrics.jsonl").read_text().splitlines()[first_rows:]]
+  assert rows[0]["step"] == committed[-1] + 1 and rows[-1]["step"] == 12
+  names = os.listdir(out / "wd" / "checkpoints")
+  assert "12" in names and not [n for n in names if "orbax-checkpoint-tmp" in n]
