@@ -59,7 +59,6 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str] = (
   logging.getLogger().addFilter(_QuietIncludes())
   from st5_jax import gin_config
 
-  gin_config.register()
   gin.clear_config()
   for path in [*search_paths, str(REPO_GIN_DIR)]:
     gin.add_config_file_search_path(path)
@@ -71,7 +70,8 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str] = (
       resolved.append(str(REPO_GIN_DIR / f))
     else:
       raise SystemExit(f"gin file {f!r} not found (looked in ., {REPO_GIN_DIR} and search paths)")
-  gin.parse_config_files_and_bindings(resolved, bindings, finalize_config=False)
+  # One-line GinConfigErrors (file:line: binding: reason) for unknown keys, missing includes, syntax.
+  gin_config.parse(resolved, bindings)
 
 
 def run(args: argparse.Namespace) -> int:
