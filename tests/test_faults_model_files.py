@@ -146,3 +146,15 @@ def test_truncated_t5x_zarr_chunk(tmp_path, fixtures_dir):
   with pytest.raises(Exception) as err:
     loader.load_model(str(d), pooling="enc_mean")
   assert "target.encoder.layers_0.mlp.wi.kernel" in str(err.value), err.value
+
+
+def test_an_exported_sentence_transformers_folder_loads_without_unpickling(monkeypatch, tmp_path, native_dir):
+  """The sentence-transformers folders this project writes (and reads back) load with pickle forbidden."""
+  from st5_jax.export import api
+  out = tmp_path / "st"
+  api.export_model(str(native_dir), format="sentence-transformers", out=str(out))
+  _forbid_pickle(monkeypatch)
+  assert loader.detect_format(str(out)) == "sentence_transformers"
+  _, flat = loader.read_flat(str(out), "sentence_transformers")
+  assert "projection_layer/kernel" in flat and all(np.all(np.isfinite(np.asarray(v))) for v in flat.values())
+  loader.load_model(str(out))
