@@ -79,7 +79,8 @@ def test_sharded_step_equals_unsharded(mesh_shape, unsharded_steps):
 def test_clear_errors_before_compiling():
   with pytest.raises(partitioning.PartitioningError, match="needs 12 devices, but 8"):
     partitioning.make_mesh(partitioning.MeshConfig(3, 2, 2))
-  with pytest.raises(partitioning.PartitioningError, match="not divisible by the 8 batch shards"):
+  from st5_jax.data.geometry import DataConfigError
+  with pytest.raises(DataConfigError, match="not divisible by the number of data shards 8"):
     train.build(TINY, _tc(global_batch_size=12), partitioning.make_mesh(partitioning.MeshConfig(8, 1, 1)))
   odd = TINY.replace(t5=TINY.t5.replace(num_heads=3, head_dim=6))  # joined_kv 18 over model=4
   with pytest.raises(partitioning.PartitioningError, match=r"attention.*dim 18 over mesh axis model \(size 4\)"):
