@@ -217,6 +217,54 @@ def test_init_from_pretrained_and_two_stages(tmp_path, vocab_path):
     _run(tmp_path / "bad", vocab_path, model=wrong, tc=_tc(num_train_steps=1), init_from=str(s1))
 
 
+def _np_in_batch_loss(left, right, neg):
+  """Eq. 14 in NumPy: each query against every positive and hard negative of the batch, t=0.01."""
+  logits = left @ np.concatenate([right, neg]).T / 0.01
+  logits = logits - logits.max(axis=1, keepdims=True)
+  logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+  return float(-np.mean(np.diag(logp[:, :len(left)])))
+
+
+def _np_stsb_dev_spearman(encoder, data_dir):
+  """Spearman x100 of cosine similarity on STS-B dev, read straight from the raw file (scipy)."""
+  import scipy.stats
+  rows = [l.split("\t") for l in (data_dir / "stsb" / "original" / "sts-dev.csv").read_text().splitlines()]
+  s1, s2 = encoder.encode([r[5].strip() for r in rows]), encoder.encode([r[6].strip() for r in rows])
+  cos = np.sum(s1 * s2, axis=1) / np.linalg.norm(s1, axis=1) / np.linalg.norm(s2, axis=1)
+  return 100 * scipy.stats.spearmanr(cos, [float(r[4]) for r in rows]).statistic
+
+
+def test_trainer_on_seqio_nli_triples_with_stsb_eval_during_training(tmp_path, vocab_path, data_dir):
+  """The real tiny NLI task (premise, entailment, contradiction) through the trainer, STS-B dev every 2 steps."""
+  from st5_jax import SentenceEncoder
+  from st5_jax.model import SentenceT5
+
+  model = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0), embedding_dim=16, max_length=32)
+  data = train.DataConfig(task="st5_snli_devtest_triples", split="all",
+                          feature_lengths={"inputs": 32, "targets": 32, "negative_targets": 32})
+  tc = _tc(num_train_steps=4, eval_every=2)
+  _run(tmp_path, vocab_path, model=model, tc=tc, data=data, eval_data_dir=str(data_dir))
+  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  evals = {r["step"]: r["eval/stsb_dev_spearman"] for r in rows if "eval/stsb_dev_spearman" in r}
+  assert sorted(evals) == [0, 2, 4]  # before training, every eval_every steps, after the last step
+  summary = json.loads((tmp_path / "results.json").read_text())
+  assert summary["stsb_dev_spearman_before"] == evals[0] and summary["stsb_dev_spearman_after"] == evals[4]
+  # The last score is the final weights' STS-B dev Spearman, recomputed independently.
+  assert evals[4] == pytest.approx(_np_stsb_dev_spearman(SentenceEncoder.load(tmp_path), data_dir), abs=0.05)
+
+  # Step 1's loss is eq. 14 of the initial weights on the task's first batch (hard negatives included).
+  mesh = partitioning.make_mesh(partitioning.MeshConfig())
+  setup = train.build(model, tc, mesh)
+  with jax.set_mesh(mesh):
+    params = jax.device_get(train.init_state(setup, model, seed=tc.seed).params)
+    batch = {k: np.asarray(v) for k, v in next(data(mesh, tc.global_batch_size, tc.seed)).items()}
+  assert set(batch) == {train.LEFT, train.RIGHT, train.RIGHT_NEG}
+  emb = {k: np.asarray(SentenceT5(model).apply({"params": params}, v), np.float64) for k, v in batch.items()}
+  step1 = next(r["train/loss"] for r in rows if r["step"] == 1 and "train/loss" in r)
+  assert step1 == pytest.approx(_np_in_batch_loss(emb[train.LEFT], emb[train.RIGHT], emb[train.RIGHT_NEG]),
+                                rel=1e-4)
+
+
 GIN = """
 run.model = @st5_model()
 st5_model.size = 't5_tiny'
