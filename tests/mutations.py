@@ -118,6 +118,10 @@ MUTATIONS = [
     M("train.no_eval_during_training", "st5_jax/train.py",
       "      if tc.eval_every > 0 and step % tc.eval_every == 0 and step != tc.num_train_steps:",
       "      if False:", ("tests/test_train.py", "-k", "eval_during"), "STS-B dev eval every eval_every steps"),
+    M("grad_cache.other_masks_in_backward", "st5_jax/grad_cache.py",
+      "_, vjp = jax.vjp(lambda p: embed(p, tok_bxL, k), params)",
+      "_, vjp = jax.vjp(lambda p: embed(p, tok_bxL, jax.random.fold_in(k, 1)), params)",
+      ("tests/test_grad_cache.py", "-k", "dropout"), "the same dropout masks in GradCache's two passes"),
     # model/st5.py poolings
     M("st5.mean_over_padding", "st5_jax/model/st5.py", "return total_BxD / jnp.maximum(jnp.sum(m, axis=1), 1e-9)",
       "return total_BxD / m.shape[1]", MODEL, "mean over non-padding tokens"),
