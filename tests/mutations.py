@@ -186,7 +186,9 @@ def _apply(root: pathlib.Path, m: Mutation) -> None:
 
 
 def _pytest(root: pathlib.Path, tests: tuple[str, ...], timeout: int) -> tuple[str, float, str]:
-  env = dict(os.environ, PYTHONPATH=str(root))
+  # The copy has no ../shared next to it: point the tests at this checkout's.
+  env = dict(os.environ, PYTHONPATH=str(root),
+             ST5_SHARED_DIR=os.environ.get("ST5_SHARED_DIR", str(REPO.parent / "shared")))
   t0 = time.time()
   try:
     out = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests], cwd=root,
@@ -196,6 +198,8 @@ def _pytest(root: pathlib.Path, tests: tuple[str, ...], timeout: int) -> tuple[s
   tail = (out.stdout + out.stderr).strip().splitlines()
   verdict = {0: "survived", 1: "killed"}.get(out.returncode, "error")
   failed = [l for l in tail if l.startswith("FAILED")]
+  if not failed and any(l.startswith("ERROR") for l in tail):
+    verdict = "error"  # a fixture or collection error is not a kill
   return verdict, time.time() - t0, (failed[0] if failed else tail[-1] if tail else "")[:200]
 
 
