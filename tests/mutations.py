@@ -122,6 +122,10 @@ MUTATIONS = [
       "_, vjp = jax.vjp(lambda p: embed(p, tok_bxL, k), params)",
       "_, vjp = jax.vjp(lambda p: embed(p, tok_bxL, jax.random.fold_in(k, 1)), params)",
       ("tests/test_grad_cache.py", "-k", "dropout"), "the same dropout masks in GradCache's two passes"),
+    M("bench.tokens_one_tower", "st5_jax/commands/bench.py",
+      '"tokens_per_sec": args.batch * args.length * len(sides) / step_s',
+      '"tokens_per_sec": args.batch * args.length / step_s', ("tests/test_bench.py",),
+      "st5 bench counts every tower's tokens"),
     # model/st5.py poolings
     M("st5.mean_over_padding", "st5_jax/model/st5.py", "return total_BxD / jnp.maximum(jnp.sum(m, axis=1), 1e-9)",
       "return total_BxD / m.shape[1]", MODEL, "mean over non-padding tokens"),
