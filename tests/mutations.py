@@ -44,7 +44,7 @@ class Mutation:
 M = Mutation
 LOSSES = ("tests/test_losses.py",)
 OPTIM = ("tests/test_optim.py",)
-MODEL = ("tests/test_model.py", "tests/test_checkpoints_hf.py", "-k", "not sentence_transformers and not public")
+MODEL = ("tests/test_model.py", "tests/test_checkpoints_hf.py", "-k", "pooled or padding or poolings_match")
 T5X = ("tests/test_checkpoints_t5x.py",)
 HF = ("tests/test_checkpoints_hf.py",)
 INIT_FROM = ("tests/test_train.py", "-k", "init_from")

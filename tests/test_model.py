@@ -98,6 +98,20 @@ def test_padding_does_not_change_embeddings():
   assert np.all(np.isfinite(model.apply({"params": params}, jnp.zeros((2, 4), jnp.int32))))
 
 
+def test_pooled_representations_before_projection():
+  """enc_mean is the mean over non-padding positions, enc_first position 0 (before any L2 norm,
+  which would hide a per-example scale such as dividing by the padded length)."""
+  tokens = jnp.array([[37, 1782, 5, 1, 0, 0], [37, 1, 0, 0, 0, 0]])
+  mask = np.asarray(tokens > 0)
+  for pooling in ("enc_mean", "enc_first"):
+    model = SentenceT5(configs.ST5Config(t5=configs.t5_size("t5_tiny"), pooling=pooling, embedding_dim=8))
+    params = nn.unbox(model.init(jax.random.PRNGKey(0), jnp.ones((1, 4), jnp.int32))["params"])
+    enc = np.asarray(model.apply({"params": params}, tokens, method=SentenceT5.encode))
+    want = (enc * mask[..., None]).sum(1) / mask.sum(1, keepdims=True) if pooling == "enc_mean" else enc[:, 0]
+    np.testing.assert_allclose(model.apply({"params": params}, tokens, method=SentenceT5.pool), want, atol=1e-6,
+                               err_msg=pooling)
+
+
 def test_bfloat16_activations_keep_float32_params_and_output():
   cfg = configs.ST5Config(t5=configs.t5_size("t5_tiny", dtype="bfloat16"), embedding_dim=8)
   model = SentenceT5(cfg)
