@@ -157,7 +157,7 @@ MUTATIONS = [
       'logits_via_embedding="decoder/logits_dense/kernel" not in flat', "logits_via_embedding=True", T5X,
       "untied logits of T5.1.1"),
     M("loader.fresh_projection_ignored", "st5_jax/checkpoints/loader.py", "  if fresh_projection:\n",
-      "  if False:\n", ("tests/test_checkpoints_hf.py", "-k", "fresh_projection"), "fresh projection replaces"),
+      "  if False:\n", INIT_FROM, "fresh projection replaces the checkpoint's"),
     # the data converter
     M("convert.no_eos", "st5_jax/data/convert.py", "    tokens_BxL[np.arange(n), lengths_B] = eos\n",
       "    pass\n", DATA, "EOS after the (trimmed) text"),
