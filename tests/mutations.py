@@ -12,7 +12,7 @@ for anything else (collection error, timeout) -- an error is not a kill.
   python tests/mutations.py --baseline       first run each distinct test selection unmutated
   tests/run.sh --mutations [args]            the same, in the test environment
 
-Not part of the default test run (about 30-60 minutes on 2 cores). Results: docs/testing.md.
+Not part of the default test run (about 1-1.5 hours on 2 shared cores). Results: docs/testing.md.
 """
 
 from __future__ import annotations
