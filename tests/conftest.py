@@ -7,8 +7,22 @@ import os
 import pathlib
 
 # 8 fake CPU devices for meshes; cheaper LLVM passes because tests compile far more than they run.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
-                      "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+# An exported XLA_FLAGS keeps its other flags, but its device count is replaced: the mesh
+# tests need exactly 8.
+_DEVICE_FLAG = "--xla_force_host_platform_device_count="
+_TEST_FLAGS = {_DEVICE_FLAG: "8", "--xla_backend_optimization_level=": "0",
+               "--xla_llvm_disable_expensive_passes=": "true"}
+
+
+def _xla_flags(existing: str) -> str:
+  flags = existing.split()
+  present = {f.split("=")[0] + "=" for f in flags}
+  flags = [f for f in flags if not f.startswith(_DEVICE_FLAG)]
+  flags += [k + v for k, v in _TEST_FLAGS.items() if k == _DEVICE_FLAG or k not in present]
+  return " ".join(flags)
+
+
+os.environ["XLA_FLAGS"] = _xla_flags(os.environ.get("XLA_FLAGS", ""))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # keep TensorFlow off any GPU

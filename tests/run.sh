@@ -3,6 +3,8 @@
 # checks), then runs pytest on 2 workers.
 # Extra arguments go to pytest (e.g. tests/run.sh -k model).
 #   tests/run.sh --aot-all   only the AOT fit checks of all 8 large shipped runs (~20 min on 2 cores)
+#   tests/run.sh --mutations [-k WORD..] [--baseline]   the hand-written mutation check
+#                            (tests/mutations.py; not part of the default run; docs/testing.md)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ST5_EXTRAS=test,tpu source launch/setup_env.sh
@@ -10,5 +12,9 @@ if [ "${1:-}" = "--aot-all" ]; then
   shift
   exec python -m pytest -n "${ST5_TEST_WORKERS:-2}" --durations=15 -m "aot_all or not aot_all" \
     -k test_large_runs_fit_their_tpu_slice "$@" tests/test_gin_and_launch.py
+fi
+if [ "${1:-}" = "--mutations" ]; then
+  shift
+  exec python tests/mutations.py "$@"
 fi
 exec python -m pytest -n "${ST5_TEST_WORKERS:-2}" --durations=15 "$@" tests

@@ -80,12 +80,21 @@ def test_t5_1_1_encoder_decoder_fixture(fixtures_dir, vocab_path):
   np.testing.assert_allclose(np.asarray(enc), out.encoder_last_hidden_state.numpy(), atol=1e-5)
   np.testing.assert_allclose(np.asarray(logits), out.logits.numpy(), atol=1e-4)
 
-  # As a sentence encoder: all three poolings load (the decoder only for encdec_first).
-  for pooling in ("enc_first", "enc_mean", "encdec_first"):
+  # As a sentence encoder: all three poolings load (the decoder only for encdec_first) and equal
+  # transformers' hidden states pooled by hand: first token, masked mean, and the decoder's
+  # output for the start token 0 alone.
+  hidden = out.encoder_last_hidden_state.numpy()
+  with torch.no_grad():
+    dec = ref(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask.astype(np.int64)),
+              decoder_input_ids=torch.zeros((3, 1), dtype=torch.long), output_hidden_states=True)
+  pooled = {"enc_first": hidden[:, 0], "enc_mean": (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdims=True),
+            "encdec_first": dec.decoder_hidden_states[-1][:, 0].numpy()}
+  for pooling, want in pooled.items():
     st5_cfg, p, report, _ = loader.load_model(path, pooling=pooling)
     assert "decoder/logits_dense/kernel" in report.unused
     emb = SentenceT5(st5_cfg).apply({"params": p}, jnp.asarray(tokens))
-    assert emb.shape == (3, 8) and np.allclose(np.linalg.norm(emb, axis=-1), 1, atol=1e-5)
+    assert emb.shape == (3, 8)
+    np.testing.assert_allclose(emb, want / np.linalg.norm(want, axis=-1, keepdims=True), atol=1e-5, err_msg=pooling)
 
 
 def test_not_a_checkpoint_is_a_clear_error(tmp_path):

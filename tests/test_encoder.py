@@ -80,7 +80,12 @@ def test_truncation_to_max_length(model_dir):
   long = " ".join(["word"] * 100)
   tokens = enc.tokenize([long])[0]
   assert len(tokens) == 8 and tokens[-1] == vocab.EOS_ID
-  assert np.all(np.isfinite(enc.encode([long])))
+  # The truncated text embeds as exactly the text that fits: its first 7 pieces and EOS.
+  fits = " ".join(["word"] * 7)
+  assert enc.tokenize([fits])[0] == tokens
+  emb = enc.encode([long, fits, "word word word"])
+  np.testing.assert_allclose(emb[0], emb[1], atol=1e-6)
+  assert not np.allclose(emb[0], emb[2], atol=1e-3)
 
 
 def test_length_buckets():

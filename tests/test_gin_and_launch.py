@@ -49,6 +49,23 @@ def _numerics(model_gin):
   return dict(scan_layers=scanned, remat_policy="dots_with_no_batch_dims" if scanned else "none")
 
 
+# The paper's recipe (Sentence-T5 section 3, /work/shared/DESIGN.md), written out here rather
+# than read from gin/runs/*.gin, so an edit to the shared recipe files fails this test.
+PAPER = dict(learning_rate=1e-3, constant_fraction=0.1, temperature=0.01, embedding_dim=768,
+             decay_rate=0.8, clipping_threshold=1.0, momentum=None)
+STAGE = {  # stage: (task, batch, feature lengths, steps)
+    1: ("st5_stage1_public_qa", 2048, {"inputs": 128, "targets": 128}, 50000),
+    2: ("st5_simcse_nli_triples", 512, {"inputs": 64, "targets": 64, "negative_targets": 64}, 3000),
+}
+# The TPU slice each size targets (docs/tpu.md) and its public T5X checkpoint (stage 1).
+SLICE = {"base": "v4-8", "1_1_base": "v4-8", "large": "v4-32", "1_1_large": "v4-32", "3b": "v4-64",
+         "1_1_xl": "v4-64", "11b": "v4-256", "1_1_xxl": "v4-256"}
+T5X_CKPT = {"base": "t5_base/checkpoint_999900", "large": "t5_large/checkpoint_1000700",
+            "3b": "t5_3B/checkpoint_1000000", "11b": "t5_11B/checkpoint_1000000",
+            "1_1_base": "t5_1_1_base/checkpoint_1000000", "1_1_large": "t5_1_1_large/checkpoint_1000000",
+            "1_1_xl": "t5_1_1_xl/checkpoint_1000000", "1_1_xxl": "t5_1_1_xxl/checkpoint_1000000"}
+
+
 @pytest.mark.parametrize("name", RUN_FILES)
 def test_run_files_state_what_they_target(name):
   spec = _spec(name)
@@ -59,21 +76,36 @@ def test_run_files_state_what_they_target(name):
     return
   stage2 = name.endswith("_stage2.gin")
   # Paper: stage 1 QA pairs at batch 2048, stage 2 NLI triples (hard negatives) at 512.
-  assert spec.train_config.global_batch_size == (512 if stage2 else 2048)
-  assert ("negative_targets" in lengths) == stage2
+  task, batch, want_lengths, steps = STAGE[2 if stage2 else 1]
+  assert (spec.data.task, spec.train_config.global_batch_size, lengths, spec.train_config.num_train_steps) == (
+      task, batch, want_lengths, steps)
+  opt = spec.train_config.optimizer
+  want = dict(PAPER)
+  tc = spec.train_config
+  if name == "st5_base_lap_stage2.gin" or name == "st5_large_lap_stage2.gin":
+    # LayerAttPooler's stage 2 uses its paper's SimCSE loss: cosine logits at 0.05, hard-negative weight 1.
+    want.update(temperature=0.05)
+    assert (tc.objective, tc.loss, tc.hard_negative_weight) == ("st5", "simcse", 1.0)
+  else:
+    assert (tc.objective, tc.loss, tc.hard_negative_weight, tc.bidirectional) == ("st5", "st5", 0.0, False)
+  assert dict(learning_rate=opt.learning_rate, constant_fraction=opt.constant_fraction,
+              temperature=spec.train_config.temperature, embedding_dim=spec.model.embedding_dim,
+              decay_rate=opt.decay_rate, clipping_threshold=opt.clipping_threshold, momentum=opt.momentum) == want
   assert spec.model.t5.dtype == "bfloat16" and spec.model.t5.scan_layers
   assert spec.model.pooling == ("layer_attention" if "_lap" in name else "encdec_first" if "_encdec" in name
                                 else "enc_mean")
-  assert spec.init_from == ("/stage1/workdir" if stage2 else spec.init_from)
-  if not stage2:
-    assert spec.init_from.startswith("gs://t5-data/pretrained_models/t5x/")
+  size = name[len("st5_"):].split("_enc")[0].split("_lap")[0]
+  if stage2:
+    assert spec.init_from == "/stage1/workdir"  # %gin.REQUIRED, set by _spec as a user must
+  else:
+    assert spec.init_from == "gs://t5-data/pretrained_models/t5x/" + T5X_CKPT[size]
   # The size in the name is the size in the config.
-  size = name.split("_enc")[0].split("_lap")[0][len("st5_"):]
-  assert spec.model.t5 == configs.t5_size("t5_" + size.replace("1_1_", "1_1_"), dtype="bfloat16",
+  assert spec.model.t5 == configs.t5_size("t5_" + size, dtype="bfloat16",
                                           dropout_rate=spec.model.t5.dropout_rate, scan_layers=True,
                                           remat_policy=spec.model.t5.remat_policy)
   # The mesh fills the target slice, and the batch divides over its batch shards.
   target = spec.target
+  assert target["slice"] == SLICE[size]
   n_chips = int(target["slice"].split("-")[1]) // 2  # v4-N has N/2 chips (megacore devices)
   assert aot.topology_for_slice(target["slice"]) == target["topology"]
   shape = spec.mesh.shape(n_chips)
@@ -206,13 +238,17 @@ def _model_size(name):
 # target and fit. The default suite compiles the mission's run (11B EncDec); all of them
 # compile with `tests/run.sh --aot-all` (about 20 minutes on 2 cores).
 LARGE_SIZES = ("t5_3b", "t5_11b", "t5_1_1_xl", "t5_1_1_xxl")
-LARGE = [f for f in RUN_FILES if not f.endswith("stage2.gin") and _model_size(f) in LARGE_SIZES]
+# Written out: a renamed file fails the completeness test below instead of silently
+# dropping out of the parametrisation.
+LARGE = ["st5_11b_enc.gin", "st5_11b_encdec.gin", "st5_1_1_xl_enc.gin", "st5_1_1_xl_encdec.gin",
+         "st5_1_1_xxl_enc.gin", "st5_1_1_xxl_encdec.gin", "st5_3b_enc.gin", "st5_3b_encdec.gin"]
 DEFAULT_AOT = "st5_11b_encdec.gin"
 
 
 def test_the_large_run_list_is_complete():
-  # 4 sizes x (enc, encdec): a renamed or mis-parsed file cannot silently drop out.
-  assert len(LARGE) == 8 and DEFAULT_AOT in LARGE
+  # The explicit list is exactly the shipped stage-1 runs whose parsed model is a large size.
+  shipped = sorted(f for f in RUN_FILES if not f.endswith("stage2.gin") and _model_size(f) in LARGE_SIZES)
+  assert sorted(LARGE) == shipped and DEFAULT_AOT in LARGE
   assert sorted(_model_size(f) for f in LARGE) == sorted(LARGE_SIZES * 2)
 
 

@@ -60,6 +60,39 @@ def test_train_step_with_grad_cache_on_a_mesh_matches_plain_step():
     np.testing.assert_allclose(p1[k], p0[k], atol=2e-5, rtol=1e-4, err_msg=k)
 
 
+def test_grad_cache_with_dropout_equals_the_gradient_of_its_masks():
+  """With dropout, GradCache's gradient is that of the chunked forward pass with the same masks.
+
+  The reference differentiates the loss of the embeddings each chunk gets with its dropout key
+  (what step 1 computes) straight through: steps 1 and 3 must draw the same masks.
+  """
+  cfg = CFG.replace(t5=CFG.t5.replace(dropout_rate=0.3))
+  mesh = partitioning.make_mesh(partitioning.MeshConfig(1, 1, 1), devices=jax.devices()[:1])
+  batch = jax.device_get(next(synthetic.SyntheticPairs(mesh, 8, 0, negatives=True)))
+  model = SentenceT5(cfg)
+  params = nn.unbox(model.init(jax.random.PRNGKey(0), jnp.ones((1, 4), jnp.int32))["params"])
+  loss_kw = dict(temperature=0.01, bidirectional=False, label_smoothing=0.0)
+  embed, key, chunks = train.make_embed_fn(model), jax.random.PRNGKey(3), 2
+  sides = (train.LEFT, train.RIGHT, train.RIGHT_NEG)
+
+  def chunked_loss(p):
+    e = {}
+    for s, k in zip(sides, jax.random.split(key, 3)):
+      rows = [embed(p, batch[s][c::chunks], ck) for c, ck in enumerate(jax.random.split(k, chunks))]
+      e[s] = jnp.stack(rows, axis=1).reshape(batch[s].shape[0], -1)  # interleave back: row c + chunks * i
+    return losses.in_batch_softmax_loss(e[train.LEFT], e[train.RIGHT], e[train.RIGHT_NEG], **loss_kw)
+
+  (loss, _), grads = jax.jit(jax.value_and_grad(chunked_loss, has_aux=True))(params)
+  (loss_c, _), grads_c = jax.jit(lambda p: grad_cache.value_and_grad(embed, p, batch, key, chunks=chunks,
+                                                                      loss_kw=loss_kw))(params)
+  (loss_det, _), _ = jax.jit(lambda p: _full_grad(model, p, batch, loss_kw))(params)
+  assert abs(float(loss) - float(loss_det)) > 1e-3  # the dropout is really on
+  assert float(loss_c) == pytest.approx(float(loss), rel=1e-5)
+  flat, flat_c = tree.flatten(grads), tree.flatten(grads_c)
+  for k in flat:
+    np.testing.assert_allclose(flat_c[k], flat[k], atol=1e-5, rtol=1e-4, err_msg=k)
+
+
 def test_indivisible_chunks_are_an_error():
   with pytest.raises(ValueError, match="not divisible into 3 chunks"):
     grad_cache._split(jnp.zeros((16, 4)), 3)

@@ -2,6 +2,7 @@
 
 import math
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -97,16 +98,39 @@ def test_padding_does_not_change_embeddings():
   assert np.all(np.isfinite(model.apply({"params": params}, jnp.zeros((2, 4), jnp.int32))))
 
 
+def test_pooled_representations_before_projection():
+  """enc_mean is the mean over non-padding positions, enc_first position 0 (before any L2 norm,
+  which would hide a per-example scale such as dividing by the padded length)."""
+  tokens = jnp.array([[37, 1782, 5, 1, 0, 0], [37, 1, 0, 0, 0, 0]])
+  mask = np.asarray(tokens > 0)
+  for pooling in ("enc_mean", "enc_first"):
+    model = SentenceT5(configs.ST5Config(t5=configs.t5_size("t5_tiny"), pooling=pooling, embedding_dim=8))
+    params = nn.unbox(model.init(jax.random.PRNGKey(0), jnp.ones((1, 4), jnp.int32))["params"])
+    enc = np.asarray(model.apply({"params": params}, tokens, method=SentenceT5.encode))
+    want = (enc * mask[..., None]).sum(1) / mask.sum(1, keepdims=True) if pooling == "enc_mean" else enc[:, 0]
+    np.testing.assert_allclose(model.apply({"params": params}, tokens, method=SentenceT5.pool), want, atol=1e-6,
+                               err_msg=pooling)
+
+
 def test_bfloat16_activations_keep_float32_params_and_output():
   cfg = configs.ST5Config(t5=configs.t5_size("t5_tiny", dtype="bfloat16"), embedding_dim=8)
   model = SentenceT5(cfg)
   params = nn.unbox(model.init(jax.random.PRNGKey(0), jnp.ones((1, 4), jnp.int32))["params"])
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
-  out = model.apply({"params": params}, jnp.array([[37, 1782, 1]]))
-  ref = SentenceT5(cfg.replace(t5=cfg.t5.replace(dtype="float32"))).apply({"params": params},
-                                                                            jnp.array([[37, 1782, 1]]))
+  tokens = jnp.array([[37, 1782, 5, 9, 1], [37, 1, 0, 0, 0]])
+  out, state = model.apply({"params": params}, tokens, capture_intermediates=True)
+  ref = SentenceT5(cfg.replace(t5=cfg.t5.replace(dtype="float32"))).apply({"params": params}, tokens)
   assert out.dtype == jnp.float32
-  np.testing.assert_allclose(out, ref, atol=3e-2)
+  # The compute really is bfloat16: every projection inside the tower outputs bf16...
+  dense = {"/".join(k): v[0] for k, v in flax.traverse_util.flatten_dict(state["intermediates"]).items()
+           if len(k) > 2 and k[-2] in ("query", "key", "value", "out", "wi", "wo")}
+  assert len(dense) == 6 * cfg.t5.num_encoder_layers and all(v.dtype == jnp.bfloat16 for v in dense.values()), {
+      k: v.dtype for k, v in dense.items()}
+  # ...so the unit-norm output differs from float32 by bf16 rounding (8 mantissa bits: ~1e-2
+  # relative per op), not by nothing and not by more than a few percent.
+  err = np.abs(np.asarray(out) - np.asarray(ref)).max()
+  assert 1e-4 < err < 2e-2, err
+  np.testing.assert_allclose(np.sum(np.asarray(out) * np.asarray(ref), axis=-1), 1.0, atol=1e-3)
 
 
 def test_dropout_is_active_only_in_training():

@@ -79,7 +79,8 @@ def test_sharded_step_equals_unsharded(mesh_shape, unsharded_steps):
 def test_clear_errors_before_compiling():
   with pytest.raises(partitioning.PartitioningError, match="needs 12 devices, but 8"):
     partitioning.make_mesh(partitioning.MeshConfig(3, 2, 2))
-  with pytest.raises(partitioning.PartitioningError, match="not divisible by the 8 batch shards"):
+  from st5_jax.data.geometry import DataConfigError
+  with pytest.raises(DataConfigError, match="not divisible by the number of data shards 8"):
     train.build(TINY, _tc(global_batch_size=12), partitioning.make_mesh(partitioning.MeshConfig(8, 1, 1)))
   odd = TINY.replace(t5=TINY.t5.replace(num_heads=3, head_dim=6))  # joined_kv 18 over model=4
   with pytest.raises(partitioning.PartitioningError, match=r"attention.*dim 18 over mesh axis model \(size 4\)"):
@@ -120,15 +121,41 @@ def test_resume_on_a_different_mesh_matches(tmp_path, vocab_path):
 
 
 def test_corrupt_latest_checkpoint_falls_back(tmp_path, vocab_path, caplog):
-  _run(tmp_path, vocab_path, tc=_tc(num_train_steps=4, checkpoint_every=2))
-  step4 = tmp_path / "checkpoints" / "4" / "params"
-  for f in step4.rglob("*"):
+  tc = _tc(num_train_steps=6, checkpoint_every=2)
+  wd = tmp_path / "run"
+  _run(wd, vocab_path, tc=tc, stop_after_steps=4)  # checkpoints 2 and 4
+  for f in (wd / "checkpoints" / "4" / "params").rglob("*"):
     if f.is_file() and f.stat().st_size > 0:
       f.write_bytes(b"\x00garbage")
-  result = _run(tmp_path, vocab_path, tc=_tc(num_train_steps=6, checkpoint_every=2))
+  # One more step: from the surviving step 2 this ends at step 3 (from scratch it would end at 1).
+  result = _run(wd, vocab_path, tc=tc, stop_after_steps=1)
   assert "step 4" in caplog.text and "cannot be restored" in caplog.text
-  assert result.step == 6
-  assert json.loads((tmp_path / "results.json").read_text())["last_step"] == 6
+  assert result.step == 3
+  # To the end: step 2's weights, optimizer state and data position carry on exactly as in a
+  # straight run. (orbax does not save a step at or below the corrupt step 4, so the run
+  # continues from 2 again: see docs/testing.md.)
+  result = _run(wd, vocab_path, tc=tc)
+  assert result.step == 6 and json.loads((wd / "results.json").read_text())["last_step"] == 6
+  ref = tmp_path / "straight"
+  _run(ref, vocab_path, tc=tc)
+  (sa, a), (sb, b) = _params(ref), _params(wd)
+  assert sa == sb == 6
+  for k in a:
+    np.testing.assert_allclose(b[k], a[k], atol=1e-6, rtol=1e-6, err_msg=k)
+
+
+def test_dropout_masks_change_every_step():
+  """The dropout key folds in the step: the same batch and weights at another step give another loss."""
+  model = TINY.replace(t5=TINY.t5.replace(dropout_rate=0.3))
+  mesh = partitioning.make_mesh(partitioning.MeshConfig(1, 1, 1), devices=jax.devices()[:1])
+  setup = train.build(model, _tc(), mesh)
+  with jax.set_mesh(mesh):
+    state = train.init_state(setup, model, seed=0)
+    batch = next(synthetic.SyntheticPairs(mesh, 16, 0))
+    # The step donates its input state: give each call its own copy.
+    losses_ = [float(setup.step_fn(jax.tree.map(lambda x: x.copy(), state.replace(step=state.step + s)),
+                                   batch)[1]["loss"]) for s in (0, 0, 1)]
+  assert losses_[0] == losses_[1] != losses_[2]
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, vocab_path):
@@ -140,23 +167,102 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, vocab_pa
   assert f"step {good[2]}" in str(err.value)
 
 
+def _rel_dist(a, b):
+  return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+PROJ = "projection_layer/kernel"
+
+
 def test_init_from_pretrained_and_two_stages(tmp_path, vocab_path):
-  # Stage 1 from scratch; stage 2 initialised from stage 1's work dir, keeping its projection
-  # but with a fresh optimizer (step count 0).
+  """Stage 2 starts from stage 1's weights (projection kept or fresh); an existing checkpoint wins."""
   s1 = tmp_path / "stage1"
   _run(s1, vocab_path, tc=_tc(num_train_steps=3))
   _, p1 = _params(s1)
+  # Stage 2 runs with another seed, whose fresh initialisation is ~sqrt(2) away from stage 1
+  # (relative); Adafactor's updates are at most lr x RMS(param) per step, so 2 steps at lr 1e-2
+  # from stage 1 stay within a few percent of it.
+  fresh = {k: np.asarray(v) for k, v in tree.flatten(jax.device_get(
+      train.init_state(train.build(TINY, _tc(), partitioning.make_mesh(partitioning.MeshConfig())),
+                       TINY, seed=1).params)).items()}
+  matrices = [k for k in p1 if p1[k].ndim >= 2]
+  assert PROJ in matrices and all(_rel_dist(fresh[k], p1[k]) > 0.5 for k in matrices)
+
   s2 = tmp_path / "stage2"
-  setup_seen = {}
-  result = _run(s2, vocab_path, tc=_tc(num_train_steps=2), init_from=str(s1))
+  result = _run(s2, vocab_path, tc=_tc(num_train_steps=2, seed=1), init_from=str(s1))
   assert result.summary["init_from"] == str(s1)
   _, p2 = _params(s2)
-  assert not np.allclose(p1["encoder/layers_0/mlp/wi/kernel"], p2["encoder/layers_0/mlp/wi/kernel"])
-  # A raw T5 checkpoint without projection gets a fresh one; mismatched sizes are refused.
+  for k in matrices:  # every weight, the projection included, trained on from stage 1's
+    assert 0 < _rel_dist(p2[k], p1[k]) < 0.1, k
+
+  # init_projection="fresh": the T5 weights come in, the projection is a new one.
+  s2f = tmp_path / "stage2_fresh_projection"
+  _run(s2f, vocab_path, tc=_tc(num_train_steps=2, seed=1), init_from=str(s1), init_projection="fresh")
+  _, p2f = _params(s2f)
+  assert _rel_dist(p2f[PROJ], p1[PROJ]) > 0.5
+  assert all(_rel_dist(p2f[k], p1[k]) < 0.1 for k in matrices if k != PROJ)
+  with pytest.raises(ValueError, match="init_projection must be 'auto' or 'fresh'"):
+    _run(tmp_path / "bad_proj", vocab_path, tc=_tc(num_train_steps=1), init_from=str(s1), init_projection="keep")
+
+  # Rerun in stage 2's work dir: its checkpoint wins over init_from (here a path that does not
+  # exist, which loading would refuse), and training continues from step 2 with its state.
+  result = _run(s2, vocab_path, tc=_tc(num_train_steps=4, seed=1), init_from=str(tmp_path / "missing"))
+  assert result.step == 4
+  _, p4 = _params(s2)
+  assert all(0 < _rel_dist(p4[k], p2[k]) < 0.1 for k in matrices)
+
+  # Mismatched sizes are refused.
   wrong = TINY.replace(t5=TINY.t5.replace(mlp_dim=128))
   with pytest.raises(ValueError, match="mlp_dim: checkpoint 64 vs config 128"):
     _run(tmp_path / "bad", vocab_path, model=wrong, tc=_tc(num_train_steps=1), init_from=str(s1))
-  del setup_seen
+
+
+def _np_in_batch_loss(left, right, neg):
+  """Eq. 14 in NumPy: each query against every positive and hard negative of the batch, t=0.01."""
+  logits = left @ np.concatenate([right, neg]).T / 0.01
+  logits = logits - logits.max(axis=1, keepdims=True)
+  logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+  return float(-np.mean(np.diag(logp[:, :len(left)])))
+
+
+def _np_stsb_dev_spearman(encoder, data_dir):
+  """Spearman x100 of cosine similarity on STS-B dev, read straight from the raw file (scipy)."""
+  import scipy.stats
+  rows = [l.split("\t") for l in (data_dir / "stsb" / "original" / "sts-dev.csv").read_text().splitlines()]
+  s1, s2 = encoder.encode([r[5].strip() for r in rows]), encoder.encode([r[6].strip() for r in rows])
+  cos = np.sum(s1 * s2, axis=1) / np.linalg.norm(s1, axis=1) / np.linalg.norm(s2, axis=1)
+  return 100 * scipy.stats.spearmanr(cos, [float(r[4]) for r in rows]).statistic
+
+
+def test_trainer_on_seqio_nli_triples_with_stsb_eval_during_training(tmp_path, vocab_path, data_dir):
+  """The real tiny NLI task (premise, entailment, contradiction) through the trainer, STS-B dev every 2 steps."""
+  from st5_jax import SentenceEncoder
+  from st5_jax.model import SentenceT5
+
+  model = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0), embedding_dim=16, max_length=32)
+  data = train.DataConfig(task="st5_snli_devtest_triples", split="all",
+                          feature_lengths={"inputs": 32, "targets": 32, "negative_targets": 32})
+  tc = _tc(num_train_steps=4, eval_every=2)
+  _run(tmp_path, vocab_path, model=model, tc=tc, data=data, eval_data_dir=str(data_dir))
+  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  evals = {r["step"]: r["eval/stsb_dev_spearman"] for r in rows if "eval/stsb_dev_spearman" in r}
+  assert sorted(evals) == [0, 2, 4]  # before training, every eval_every steps, after the last step
+  summary = json.loads((tmp_path / "results.json").read_text())
+  assert summary["stsb_dev_spearman_before"] == evals[0] and summary["stsb_dev_spearman_after"] == evals[4]
+  # The last score is the final weights' STS-B dev Spearman, recomputed independently.
+  assert evals[4] == pytest.approx(_np_stsb_dev_spearman(SentenceEncoder.load(tmp_path), data_dir), abs=0.05)
+
+  # Step 1's loss is eq. 14 of the initial weights on the task's first batch (hard negatives included).
+  mesh = partitioning.make_mesh(partitioning.MeshConfig())
+  setup = train.build(model, tc, mesh)
+  with jax.set_mesh(mesh):
+    params = jax.device_get(train.init_state(setup, model, seed=tc.seed).params)
+    batch = {k: np.asarray(v) for k, v in next(data(mesh, tc.global_batch_size, tc.seed)).items()}
+  assert set(batch) == {train.LEFT, train.RIGHT, train.RIGHT_NEG}
+  emb = {k: np.asarray(SentenceT5(model).apply({"params": params}, v), np.float64) for k, v in batch.items()}
+  step1 = next(r["train/loss"] for r in rows if r["step"] == 1 and "train/loss" in r)
+  assert step1 == pytest.approx(_np_in_batch_loss(emb[train.LEFT], emb[train.RIGHT], emb[train.RIGHT_NEG]),
+                                rel=1e-4)
 
 
 GIN = """
