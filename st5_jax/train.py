@@ -377,17 +377,41 @@ def restore_state(mngr, step: int, setup: Setup) -> tuple[TrainState, dict[str, 
 
 
 def restore_latest_good(mngr, setup: Setup) -> tuple[TrainState, dict[str, Any]] | None:
-  """Restores the newest checkpoint that reads back; skips (and reports) corrupt ones."""
+  """Restores the newest checkpoint that reads back; skips (and reports) corrupt ones.
+
+  Corrupt steps newer than the one restored are moved aside (`corrupt-<step>-<time>`,
+  which orbax does not list): left in place, orbax would refuse to save any step at or
+  below them, and every later load would pick them first.
+  """
+  bad: list[int] = []
   for step in sorted(mngr.all_steps(), reverse=True):
     try:
-      return restore_state(mngr, step, setup)
+      restored = restore_state(mngr, step, setup)
     except Exception as e:  # noqa: BLE001  (any unreadable checkpoint: fall back to an older one)
       log.error("Checkpoint at step %d in %s cannot be restored (%s: %s); trying the previous one.",
                 step, mngr.directory, type(e).__name__, str(e)[:300])
+      bad.append(step)
+      continue
+    if bad:
+      _move_aside(mngr, bad)
+    return restored
   if mngr.all_steps():
     raise RuntimeError(f"No checkpoint in {mngr.directory} can be restored (steps {mngr.all_steps()}); "
                        "move the directory away to start over.")
   return None
+
+
+def _move_aside(mngr, steps: list[int]) -> None:
+  """Renames unreadable step dirs out of orbax's listing (lead process), then re-lists on all."""
+  if _is_lead():
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for step in steps:
+      src = paths.path(mngr.directory) / str(step)
+      dst = paths.path(mngr.directory) / f"corrupt-{step}-{stamp}"
+      src.rename(dst)
+      log.error("Moved the unreadable checkpoint %s aside to %s.", src, dst)
+  multihost.barrier("st5_move_corrupt_checkpoints")
+  mngr.reload()
 
 
 def save_state(mngr, state: TrainState, meta: dict[str, Any], *, force: bool = False) -> None:

@@ -131,11 +131,15 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, vocab_path, caplog):
   result = _run(wd, vocab_path, tc=tc, stop_after_steps=1)
   assert "step 4" in caplog.text and "cannot be restored" in caplog.text
   assert result.step == 3
+  # The unreadable step was moved aside (left in place, orbax would never save a step at or
+  # below it, and every load would pick it first), and the step the run stopped at was saved.
+  assert not (wd / "checkpoints" / "4").exists() and len(list((wd / "checkpoints").glob("corrupt-4-*"))) == 1
+  assert native.committed_steps(wd) == [2, 3]
   # To the end: step 2's weights, optimizer state and data position carry on exactly as in a
-  # straight run. (orbax does not save a step at or below the corrupt step 4, so the run
-  # continues from 2 again: see docs/testing.md.)
+  # straight run, and the later steps are saved again.
   result = _run(wd, vocab_path, tc=tc)
   assert result.step == 6 and json.loads((wd / "results.json").read_text())["last_step"] == 6
+  assert native.committed_steps(wd)[-1] == 6 and native.load_params(wd)[2] == 6
   ref = tmp_path / "straight"
   _run(ref, vocab_path, tc=tc)
   (sa, a), (sb, b) = _params(ref), _params(wd)
