@@ -38,6 +38,12 @@ def _uncorrupt_rows(batch):
   return out
 
 
+def _batch(rows, lengths):
+  """seqio rows (unpadded) -> a 0-padded batch under the model feature names."""
+  return {features.SEED_MODEL_FEATURE_NAMES[k]: np.stack([np.pad(r[k], (0, lengths[k] - len(r[k]))) for r in rows])
+          for k in sp.OUTPUT_FEATURE_NAMES}
+
+
 # ---------------------------------------------------------------- the QA text task
 
 
@@ -93,10 +99,10 @@ def test_user_text_files(tmp_path, monkeypatch, vocab_path):
   with pytest.raises(ValueError, match="seed_user_text.file_pattern"):
     task.get_dataset(sc.feature_lengths(16), split="train", shuffle=False)
   monkeypatch.setenv(sp.USER_TEXT_ENV, str(tmp_path / "*.txt"))
-  rows = list(task.get_dataset(sc.feature_lengths(64), split="train", shuffle=False).as_numpy_iterator())
+  lengths = sc.feature_lengths(64)
+  rows = list(task.get_dataset(lengths, split="train", shuffle=False).as_numpy_iterator())
   vocab = task.output_features["targets"].vocabulary
-  batch = {features.SEED_MODEL_FEATURE_NAMES[k]: np.stack([r[k] for r in rows]) for k in sp.OUTPUT_FEATURE_NAMES}
-  assert sorted(vocab.decode(w) for w in _uncorrupt_rows(batch)) == sorted(lines)
+  assert sorted(vocab.decode(w) for w in _uncorrupt_rows(_batch(rows, lengths))) == sorted(lines)
   monkeypatch.setenv(sp.USER_TEXT_ENV, str(tmp_path / "nothing-*.txt"))
   with pytest.raises(FileNotFoundError, match="no file matches"):
     task.get_dataset(sc.feature_lengths(16), split="train", shuffle=False)
@@ -121,9 +127,7 @@ def test_c4_task_is_registered_and_its_preprocessors_corrupt_text(vocab_path):
   vocab = task.output_features["targets"].vocabulary
   n_tokens = [len(vocab.encode(d)) for d in docs]
   assert len(rows) == -(-n_tokens[0] // (lengths["uncorrupted"] - 1)) + 1  # one document -> many segments
-  batch = {features.SEED_MODEL_FEATURE_NAMES[k]: np.stack([np.pad(r[k], (0, lengths[k] - len(r[k])))
-                                                           for r in rows]) for k in sp.OUTPUT_FEATURE_NAMES}
-  segments = _uncorrupt_rows(batch)
+  segments = _uncorrupt_rows(_batch(rows, lengths))
   assert vocab.decode([t for s in segments[:-1] for t in s]) == docs[0].strip()
   assert vocab.decode(segments[-1]) == docs[1]
 
@@ -153,7 +157,8 @@ def test_seed_encoder_base_tpu_gin():
   parse_gin(["seed_encoder_base_tpu.gin"], [])
   spec = gin_config.run_spec()
   assert spec.train_config.objective == "seed_encoder" and spec.data.task == sp.TFDS_C4
-  assert spec.model.t5 == configs.t5_size("t5_base", dtype="bfloat16", dropout_rate=0.1)
+  assert spec.model.t5 == configs.t5_size("t5_base", dtype="bfloat16", dropout_rate=0.1, scan_layers=True,
+                                                remat_policy="full")
   assert dict(spec.data.feature_lengths) == sc.feature_lengths(512)
   assert spec.target["slice"] == "v4-32" and spec.train_config.global_batch_size % 16 == 0
 
