@@ -49,10 +49,12 @@ def register() -> None:
   gin.external_configurable(optim.OptimizerConfig, "OptimizerConfig")
   gin.external_configurable(train.TrainConfig, "TrainConfig")
   gin.external_configurable(train.DataConfig, "DataConfig")
+  gin.external_configurable(configs.SeedEncoderConfig, "SeedEncoderConfig")
   gin.external_configurable(partitioning.MeshConfig, "MeshConfig")
   gin.external_configurable(partitioning.rules_from_pairs, "logical_rules")
   # Data configurables (st5_jax.data.options, user_qa_pairs, ...) must exist before parsing.
   import st5_jax.data.registry  # noqa: F401  pylint: disable=g-import-not-at-top
+  import st5_jax.data.seed_pretraining  # noqa: F401  pylint: disable=g-import-not-at-top  (seed_user_text)
   _REGISTERED = True
 
 

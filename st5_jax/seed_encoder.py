@@ -107,3 +107,36 @@ def make_value_and_grad(*, model: weak_decoder.SeedEncoderPretrainer, boxed_para
                              decoder_loss_weight=weight)
 
   return jax.value_and_grad(loss_fn, has_aux=True)
+
+
+def load_pretrained(path: str, *, model_config: ST5Config, seed_config: SeedEncoderConfig, rng: Array,
+                    fresh_projection: bool = False) -> tuple[Any, Any]:
+  """(numpy parameter tree of the pre-training model, load report) from any checkpoint.
+
+  `run.init_from` for the seed_encoder objective: a raw T5 checkpoint (T5X, Hugging
+  Face), an ST5 model, or an earlier pre-training work dir. What the checkpoint has is
+  loaded; the weak decoder, the projection and -- for encoder-only checkpoints (an ST5
+  enc_mean model) -- the whole T5 decoder start fresh when the checkpoint has none of
+  their arrays. A part present only in pieces, or with other shapes, is refused.
+  """
+  from st5_jax.checkpoints import loader, tree  # pylint: disable=g-import-not-at-top
+
+  fmt = loader.detect_format(path)
+  stored, flat = loader.read_flat(path, fmt)
+  t = model_config.t5
+  numerics = dict(dtype=t.dtype, dropout_rate=t.dropout_rate, scan_layers=t.scan_layers,
+                  remat_policy=t.remat_policy)
+  if stored.t5.replace(**numerics) != t:
+    diffs = {f: (getattr(stored.t5, f), getattr(t, f)) for f in t.__dataclass_fields__
+             if f not in numerics and getattr(stored.t5, f) != getattr(t, f)}
+    raise ValueError(f"{path} ({fmt}) does not match the configured model: "
+                     + ", ".join(f"{k}: checkpoint {a} vs config {b}" for k, (a, b) in diffs.items()))
+  if fresh_projection:
+    flat = {k: v for k, v in flat.items() if not k.startswith("projection_layer/")}
+  fresh = ["weak_decoder/", "projection_layer/"]
+  if not any(k.startswith("decoder/") for k in flat):
+    fresh.append("decoder/")
+  # Parts the pre-training model does not have (an NLI or layer-attention head) are reported unused.
+  return tree.assemble(model_config, flat, source=f"{fmt} checkpoint {path}", fresh_ok=tuple(fresh), rng=rng,
+                       abstract_fn=lambda: weak_decoder.abstract_params(model_config, seed_config),
+                       init_fn=lambda key: weak_decoder.init_params(model_config, seed_config, key))

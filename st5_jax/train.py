@@ -610,7 +610,7 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
     else:
       init_params = None
       if init_from:
-        init_params = _load_pretrained(init_from, model_config, init_projection, tc.seed)
+        init_params = _load_pretrained(init_from, model_config, init_projection, tc.seed, train_config=tc)
         summary["init_from"] = str(init_from)
       state = init_state(setup, model_config, seed=tc.seed, init_params=init_params)
       before = sts_dev_eval(state.params)
@@ -630,9 +630,18 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
   return result
 
 
-def _load_pretrained(path: str, model_config: ST5Config, init_projection: str, seed: int) -> Any:
+def _load_pretrained(path: str, model_config: ST5Config, init_projection: str, seed: int, *,
+                     train_config: TrainConfig | None = None) -> Any:
   if init_projection not in ("auto", "fresh"):
     raise ValueError(f"init_projection must be 'auto' or 'fresh', got {init_projection!r}")
+  if train_config is not None and train_config.objective == "seed_encoder":
+    # The pre-training model: T5 decoder and weak decoder kept fresh where the checkpoint lacks them.
+    from st5_jax import seed_encoder
+    params, report = seed_encoder.load_pretrained(
+        path, model_config=model_config, seed_config=train_config.seed_encoder, rng=jax.random.PRNGKey(seed + 1),
+        fresh_projection=(init_projection == "fresh"))
+    log.info("Initialised from %s: %s", path, report.summary())
+    return params
   t = model_config.t5
   numerics = dict(dtype=t.dtype, dropout_rate=t.dropout_rate, scan_layers=t.scan_layers,
                   remat_policy=t.remat_policy)

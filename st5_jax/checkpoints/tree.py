@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 import jax
@@ -103,15 +103,20 @@ def _known_t5_name(key: str) -> bool:
 
 def assemble(config: ST5Config, flat: Mapping[str, np.ndarray], *, source: str,
              fresh_ok: tuple[str, ...] = (), rng: jax.Array | None = None,
+             abstract_fn: Callable[[], Any] | None = None, init_fn: Callable[[jax.Array], Any] | None = None,
              ) -> tuple[dict[str, Any], LoadReport]:
   """Builds the (unboxed, numpy float32) parameter tree of `SentenceT5(config)`.
 
   `fresh_ok` lists name prefixes that may be absent and are then initialised from
   `rng` (e.g. "projection_layer/" when a raw T5 checkpoint starts ST5 training).
+  `abstract_fn` / `init_fn` (boxed abstract tree; rng -> boxed parameters) assemble
+  another model's tree instead (the seed_encoder objective's pre-training model).
   """
   from st5_jax.model.st5 import abstract_params, init_params  # model imports jax; keep lazy
 
-  abstract = flatten(nn.unbox(abstract_params(config)))
+  abstract_fn = abstract_fn or (lambda: abstract_params(config))
+  init_fn = init_fn or (lambda key: init_params(config, key))
+  abstract = flatten(nn.unbox(abstract_fn()))
   flat = dict(flat)
   scanned = config.t5.scan_layers
   if scanned:
@@ -138,7 +143,7 @@ def assemble(config: ST5Config, flat: Mapping[str, np.ndarray], *, source: str,
   if fresh:
     if rng is None:
       raise ValueError(f"{', '.join(fresh)} must be initialised but no rng was given")
-    init = flatten(jax.device_get(nn.unbox(init_params(config, rng))))
+    init = flatten(jax.device_get(nn.unbox(init_fn(rng))))
     params.update({k: np.asarray(init[k], np.float32) for k in fresh})
   report = LoadReport(source, sorted(k for k in abstract if k in flat), fresh, unused, unexpected)
   if unexpected:
