@@ -579,3 +579,19 @@ def test_pretrained_work_dir_initialises_an_st5_run(tmp_path, vocab_path, poolin
   assert step == 2 and set(after) == set(flat)
   assert not np.array_equal(np.asarray(after["encoder/layers_0/mlp/wi/kernel"]),
                             stored["encoder/layers_0/mlp/wi/kernel"])
+
+
+def test_scanned_weak_decoder_names_stack_and_unstack():
+  """A scanned seed_encoder model's parameter names are stack_layers of the unrolled ones (weak decoder too)."""
+  seed_cfg = configs.SeedEncoderConfig(num_layers=2)
+
+  def names(scan):
+    cfg = TINY.replace(t5=TINY.t5.replace(scan_layers=scan, remat_policy="full" if scan else "none"))
+    _, boxed = seed_encoder.make_model(cfg, seed_cfg)
+    return {k: v.shape for k, v in tree.flatten(nn.unbox(boxed)).items()}
+
+  unrolled, scanned = names(False), names(True)
+  assert any(k.startswith("weak_decoder/layers_1/") for k in unrolled)
+  stacked = tree.stack_layers({k: np.zeros(s) for k, s in unrolled.items()})
+  assert {k: v.shape for k, v in stacked.items()} == scanned
+  assert set(tree.unstack_layers(stacked)) == set(unrolled)

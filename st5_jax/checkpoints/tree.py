@@ -22,7 +22,7 @@ from st5_jax.configs import ST5Config
 
 log = logging.getLogger(__name__)
 
-_LAYER_RE = re.compile(r"^(encoder|decoder)/layers_(\d+)/(.*)$")
+_LAYER_RE = re.compile(r"^(encoder|decoder|weak_decoder)/layers_(\d+)/(.*)$")
 
 
 class ParameterMismatchError(ValueError):
@@ -88,7 +88,7 @@ def unstack_layers(flat: Mapping[str, Any]) -> dict[str, Any]:
   """Inverse of `stack_layers`: per-layer names from scanned ones."""
   out = {}
   for key, v in flat.items():
-    m = re.match(r"^(encoder|decoder)/layers/(.*)$", key)
+    m = re.match(r"^(encoder|decoder|weak_decoder)/layers/(.*)$", key)
     if m:
       for i in range(v.shape[0]):
         out[f"{m[1]}/layers_{i}/{m[2]}"] = v[i]
