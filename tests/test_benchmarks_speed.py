@@ -9,6 +9,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -38,3 +40,27 @@ def test_compare_torch_quick(tmp_path):
       assert row["first_loss_abs_diff"] < 1e-3 * abs(row["torch"]["first_loss"]), row
     else:  # the whole STS-B slice, each side with its own tokenizer
       assert row["encode_outputs_max_abs_diff"] < 1e-4, row
+
+
+def test_gpu_script_falls_back_to_cpu_tiny(tmp_path):
+  # A machine whose nvidia-smi lists no GPU: the script must say so and run the tiny CPU shapes.
+  fake_bin = tmp_path / "bin"
+  fake_bin.mkdir()
+  (fake_bin / "nvidia-smi").write_text("#!/bin/sh\nexit 0\n")
+  (fake_bin / "nvidia-smi").chmod(0o755)
+  out = tmp_path / "figures"
+  env = dict(os.environ, PATH=f"{fake_bin}:{os.environ['PATH']}", ST5_PYTHON=sys.executable, ST5_GPU_OUT=str(out),
+             ST5_GPU_PEAK_TFLOPS="0.001", PYTHONPATH=str(REPO))
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu.sh")], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "no NVIDIA GPU found" in proc.stderr
+  for size in ("t5_tiny", "t5_1_1_tiny"):
+    r = json.loads((out / f"bench_{size}.json").read_text())
+    assert r["backend"] == "cpu" and r["towers"] == 3 and r["global_batch"] == 8
+    row = re.search(rf"^{size}\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%", proc.stdout, re.M)
+    assert row, proc.stdout
+    # MFU = achieved model FLOP/s / the peak (here ST5_GPU_PEAK_TFLOPS = 1 GFLOP/s).
+    assert float(row[4]) == pytest.approx(100 * r["achieved_flops_per_sec"] / 1e9, rel=2e-3, abs=0.06)
+  assert "MFU against ST5_GPU_PEAK_TFLOPS" in proc.stdout
