@@ -64,3 +64,17 @@ def test_gpu_script_falls_back_to_cpu_tiny(tmp_path):
     # MFU = achieved model FLOP/s / the peak (here ST5_GPU_PEAK_TFLOPS = 1 GFLOP/s).
     assert float(row[4]) == pytest.approx(100 * r["achieved_flops_per_sec"] / 1e9, rel=2e-3, abs=0.06)
   assert "MFU against ST5_GPU_PEAK_TFLOPS" in proc.stdout
+
+
+def test_profile_step_quick(tmp_path):
+  out_json = tmp_path / "profile.json"
+  proc = _run([str(REPO / "benchmarks" / "profile_step.py"), "--quick", "--json", str(out_json)], tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  prof = json.loads(out_json.read_text())
+  total = prof["thunk_ms_per_step"]
+  # Every traced op is attributed to one kind and one phase.
+  assert sum(prof["kinds_ms"].values()) == pytest.approx(total, rel=1e-6)
+  assert sum(prof["phases_ms"].values()) == pytest.approx(total, rel=1e-6)
+  assert prof["kinds_ms"]["matmul"] > 0 and prof["phases_ms"]["forward"] > 0 and prof["phases_ms"]["backward"] > 0
+  assert prof["phases_ms"].get("unattributed", 0) < 0.2 * total
+  assert "matmul" in proc.stdout and "backward" in proc.stdout

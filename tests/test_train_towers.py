@@ -78,3 +78,25 @@ def test_embed_towers_moves_no_data_between_devices():
     hlo = jax.jit(fwd, out_shardings=partitioning.batch_sharding(mesh)).lower(params_abs, toks).compile().as_text()
   for collective in ("all-to-all", "all-gather", "collective-permute", "all-reduce"):
     assert collective not in hlo, collective
+
+
+def test_step_gradients_equal_one_forward_per_tower():
+  B = 8
+  batch = {s: jnp.asarray(_tokens(B, 10, i)) for i, s in enumerate((train.LEFT, train.RIGHT, train.RIGHT_NEG))}
+  model = SentenceT5(CFG)
+  embed = train.make_embed_fn(model)
+  params = jax.tree.map(lambda x: x.value if hasattr(x, "value") else x,
+                        model.init(jax.random.PRNGKey(3), jnp.ones((1, 8), jnp.int32))["params"],
+                        is_leaf=lambda x: hasattr(x, "value"))
+
+  def fused(p):
+    e = train.embed_towers(embed, p, batch, jax.random.PRNGKey(0))
+    return losses.in_batch_softmax_loss(e[train.LEFT], e[train.RIGHT], e[train.RIGHT_NEG])[0]
+
+  def separate(p):
+    e = {s: embed(p, t, jax.random.PRNGKey(0)) for s, t in batch.items()}
+    return losses.in_batch_softmax_loss(e[train.LEFT], e[train.RIGHT], e[train.RIGHT_NEG])[0]
+
+  g_fused, g_sep = jax.jit(jax.grad(fused))(params), jax.jit(jax.grad(separate))(params)
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g_fused), jax.tree.leaves(g_sep)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
