@@ -250,6 +250,33 @@ def make_embed_fn(model: SentenceT5, boxed_params: Any | None = None) -> EmbedFn
   return embed
 
 
+def embed_towers(embed: EmbedFn, params: Any, tokens: Mapping[str, jax.Array], key: jax.Array) -> dict[str, jax.Array]:
+  """Embeddings of every tower (side -> tokens [B, L]) with one forward per distinct token shape.
+
+  The towers share their weights, so sides of the same shape go through the model as one
+  batch: fewer, larger matmuls, the weights read once, and one weight-gradient
+  accumulation instead of one per tower (profile in docs/performance.md). They are stacked
+  on axis 1 ([B, k, L] -> [B*k, L]), so each device's rows of the merged batch are its own
+  rows of every tower: no data movement on a batch-sharded mesh. Rows are independent,
+  so this equals one forward per tower (dropout masks come from one key per group).
+  """
+  groups: dict[tuple[int, ...], list[str]] = {}
+  for side, t in tokens.items():
+    groups.setdefault(tuple(t.shape), []).append(side)
+  keys = jax.random.split(key, len(groups))
+  out = {}
+  for (shape, sides), k in zip(groups.items(), keys):
+    if len(sides) == 1:
+      out[sides[0]] = embed(params, tokens[sides[0]], k)
+      continue
+    B = shape[0]
+    stacked_BxkxL = jnp.stack([tokens[s] for s in sides], axis=1)
+    emb_BkxD = embed(params, stacked_BxkxL.reshape(B * len(sides), *shape[1:]), k)
+    emb_BxkxD = emb_BkxD.reshape(B, len(sides), -1)
+    out.update({s: emb_BxkxD[:, i] for i, s in enumerate(sides)})
+  return out
+
+
 def make_train_step(embed: EmbedFn, tx: optax.GradientTransformation, config: TrainConfig,
                     schedule: optax.Schedule, *, value_and_grad: Callable | None = None,
                     ) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict]]:
@@ -264,11 +291,8 @@ def make_train_step(embed: EmbedFn, tx: optax.GradientTransformation, config: Tr
   loss_kw = config.loss_kwargs()
 
   def loss_fn(params, batch, key):
-    k_left, k_right, k_neg = jax.random.split(key, 3)
-    left_BxD = embed(params, batch[LEFT], k_left)
-    right_BxD = embed(params, batch[RIGHT], k_right)
-    neg_BxD = embed(params, batch[RIGHT_NEG], k_neg) if RIGHT_NEG in batch else None
-    return losses.in_batch_softmax_loss(left_BxD, right_BxD, neg_BxD, **loss_kw)
+    emb = embed_towers(embed, params, {s: batch[s] for s in (LEFT, RIGHT, RIGHT_NEG) if s in batch}, key)
+    return losses.in_batch_softmax_loss(emb[LEFT], emb[RIGHT], emb.get(RIGHT_NEG), **loss_kw)
 
   def train_step(state: TrainState, batch: dict[str, jax.Array]):
     key = jax.random.fold_in(base_key, state.step)
