@@ -142,6 +142,13 @@ def model_proto(path: paths.PathLike) -> bytes:
   raw = paths.read_bytes(path)  # local or gs://
   if is_tokenizer_json(path):
     return model_proto_from_tokenizer_json(raw, where=str(path))
+  # Parsed before anything copies it into an export: a model folder's spiece.model that is
+  # something else (e.g. a symlink to a file outside the folder) is refused, never shipped.
+  try:
+    spm.SentencePieceProcessor(model_proto=raw)
+  except Exception as e:  # noqa: BLE001  (sentencepiece raises RuntimeError/OSError on garbage)
+    raise ValueError(f"{path} is not a SentencePiece model ({type(e).__name__}: {str(e)[:200]}); "
+                     "pass the model's spiece.model with vocab=PATH") from e
   return raw
 
 

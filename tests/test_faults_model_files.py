@@ -158,3 +158,18 @@ def test_an_exported_sentence_transformers_folder_loads_without_unpickling(monke
   _, flat = loader.read_flat(str(out), "sentence_transformers")
   assert "projection_layer/kernel" in flat and all(np.all(np.isfinite(np.asarray(v))) for v in flat.values())
   loader.load_model(str(out))
+
+
+def test_a_vocabulary_symlinked_outside_the_folder_is_not_exported(tmp_path, native_dir):
+  """A model folder whose spiece.model points at another file is refused before anything is written."""
+  from st5_jax.export import api
+  secret = tmp_path / "secret.txt"
+  secret.write_text("password=hunter2\n")
+  model = tmp_path / "model"
+  shutil.copytree(native_dir, model)
+  (model / "spiece.model").symlink_to(secret)
+  for fmt in ("sentence-transformers", "savedmodel"):
+    out = tmp_path / f"out_{fmt}"
+    with pytest.raises(ValueError, match=r"spiece.model is not a SentencePiece model"):
+      api.export_model(str(model), format=fmt, out=str(out))
+    assert not out.exists() and not list(tmp_path.glob(f".out_{fmt}*"))
