@@ -194,7 +194,8 @@ def test_int_label_feature_is_passed_through(generic_tasks, tokenizer):
   ds = seqio.get_dataset(generic_tasks[1], task_feature_lengths=converter.task_feature_lengths,
                          feature_converter=converter, shuffle=False)
   first = next(ds.as_numpy_iterator())
-  assert first["label"] == NLI[0][2] and first["left_encoder_input_tokens"].shape == (10,)
+  # The task's `label` is the model's LABELS feature (st5_jax.features), on both paths.
+  assert first["labels"] == NLI[0][2] and first["left_encoder_input_tokens"].shape == (10,)
 
 
 def test_scalar_features_on_the_mesh(generic_tasks):
@@ -202,9 +203,9 @@ def test_scalar_features_on_the_mesh(generic_tasks):
   it = make_train_iterator(task=generic_tasks[1], feature_lengths={"inputs": 8, "targets": 8}, global_batch_size=4,
                            mesh=mesh)
   batch = next(it)
-  assert batch["label"].shape == (4,) and batch["label"].sharding.spec == jax.sharding.PartitionSpec(("data",))
+  assert batch["labels"].shape == (4,) and batch["labels"].sharding.spec == jax.sharding.PartitionSpec(("data",))
   assert batch["left_encoder_input_tokens"].sharding.spec == jax.sharding.PartitionSpec(("data",), None)
-  assert it.element_spec == {"left_encoder_input_tokens": (4, 8), "label": (4,), "right_encoder_input_tokens": (4, 8)}
+  assert it.element_spec == {"left_encoder_input_tokens": (4, 8), "labels": (4,), "right_encoder_input_tokens": (4, 8)}
 
 
 def test_mixture_of_numpy_and_seqio_tasks(textline_task, data_dir):
