@@ -103,7 +103,9 @@ def workdir_write_error(e: BaseException, workdir: epath.Path) -> WorkdirWriteEr
   kept = (f"Committed checkpoints are intact (steps {steps}); free space or fix the permissions and rerun "
           f"the same command to resume from step {steps[-1]}." if steps else
           "No checkpoint was committed yet; free space or fix the permissions and rerun the same command.")
-  return WorkdirWriteError(code, f"Cannot write to the work dir {workdir}: {_STORAGE_ERRNOS[code]}{space}. {kept}")
+  err = WorkdirWriteError(f"Cannot write to the work dir {workdir}: {_STORAGE_ERRNOS[code]}{space}. {kept}")
+  err.errno = code  # set after: OSError(code, msg) would print as "[Errno 28] ..." on the CLI's one line
+  return err
 
 
 def _bytes(n: int) -> str:

@@ -45,7 +45,9 @@ def test_full_disk_during_a_save_is_named_and_resumable(tmp_path):
   err = (out / "first.err").read_text()
   assert int((out / "first.rc").read_text()) != 0, err[-3000:]
   # One line naming the path, the reason, the free space and what is kept.
-  line = next(l for l in err.splitlines() if l.startswith("st5_jax.train.WorkdirWriteError"))
+  # (the CLI's one-line user error `st5 train: error: ...`, exit status 2; orbax's threads may still log)
+  line = next(l for l in err.splitlines() if l.startswith("st5 train: error: Cannot write to the work dir"))
+  assert int((out / "first.rc").read_text()) == 2, err[-3000:]
   assert f"Cannot write to the work dir {disk}/wd: no space left on device (" in line, line
   assert "free of 2.3 MiB on its file system" in line, line
   committed = sorted(int(n) for n in (out / "after_first.ls").read_text().split() if n.isdigit())
