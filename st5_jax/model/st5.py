@@ -17,7 +17,6 @@ Hooks for input augmentation (st5_jax/consert), all optional and absent by defau
 `embeddings_BxLxD` replaces the token-embedding output entering encoder block 0,
 `positions_BxL` gives per-example token positions for the relative-position bias, and
 `attention_mask_BxL` replaces the key mask (pooling still averages over `tokens > 0`).
-`layer_attention/` holds the pooling head of layer_attention models.
 """
 
 from __future__ import annotations
@@ -103,12 +102,12 @@ class SentenceT5(nn.Module):
   def pool(self, tokens_BxL: Array, *, deterministic: bool = True, **hooks) -> Array:
     """Pooled T5 representation [B, D] before projection, float32. `hooks`: see module doc."""
     if self.config.pooling == "layer_attention":
-      x_BxLxD = self.token_embedder(tokens_BxL) if hooks.get("embeddings_BxLxD") is None else hooks[
-          "embeddings_BxLxD"]
-      attention_mask_BxL = hooks.get("attention_mask_BxL")
-      _, states_NxBxLxD = self.encoder(x_BxLxD, tokens_BxL > 0 if attention_mask_BxL is None else attention_mask_BxL,
-                                       deterministic=deterministic, positions_BxL=hooks.get("positions_BxL"),
-                                       return_hidden_states=True,
+      x_BxLxD = hooks.get("embeddings_BxLxD")
+      x_BxLxD = self.token_embedder(tokens_BxL) if x_BxLxD is None else x_BxLxD
+      key_mask_BxL = hooks.get("attention_mask_BxL")
+      key_mask_BxL = tokens_BxL > 0 if key_mask_BxL is None else key_mask_BxL
+      _, states_NxBxLxD = self.encoder(x_BxLxD, key_mask_BxL, deterministic=deterministic,
+                                       positions_BxL=hooks.get("positions_BxL"), return_hidden_states=True,
                                        norm_hidden_states=self.config.layer_attention_norm)
       return self.layer_attention(states_NxBxLxD, tokens_BxL > 0, deterministic=deterministic)
     encoded_BxLxD = self.encode(tokens_BxL, deterministic=deterministic, **hooks)
