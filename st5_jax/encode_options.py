@@ -59,3 +59,25 @@ def encode(encode_list: Callable[[list[str], int | None, bool], np.ndarray], tex
     rows = list(emb_NxD)
     return rows[0] if single else rows
   return emb_NxD[0] if single else emb_NxD
+
+
+class EncodeAliases:
+  """`encode` with sentence-transformers' keywords, for encoders that define `_encode_list`.
+
+  Shared by SentenceEncoder (JAX) and SavedModelEncoder (TensorFlow), so both backends
+  take the same arguments.
+  """
+
+  def encode(self, texts: str | Sequence[str], batch_size: int | None = None, *, show_progress: bool = False,
+             show_progress_bar: bool | None = None, normalize_embeddings: bool = False,
+             convert_to_numpy: bool = True, convert_to_tensor: bool = False, **unknown) -> Any:
+    """float32 [len(texts), dim] embeddings in input order ([dim] for one string).
+
+    Takes sentence-transformers' keywords as aliases: show_progress_bar,
+    normalize_embeddings, convert_to_numpy, convert_to_tensor.
+    """
+    return encode(self._encode_list, texts, batch_size, show_progress=show_progress,
+                  show_progress_bar=show_progress_bar, normalize_embeddings=normalize_embeddings,
+                  convert_to_numpy=convert_to_numpy, convert_to_tensor=convert_to_tensor, unknown=unknown)
+
+  __call__ = encode

@@ -59,7 +59,7 @@ def encode_length_bucket(n: int, max_length: int) -> int:
   return min(b, max_length)
 
 
-class SentenceEncoder:
+class SentenceEncoder(encode_options.EncodeAliases):
   """A Sentence-T5 tower with its tokenizer; `encode` maps strings to embeddings."""
 
   def __init__(self, config: ST5Config, params: Any, *, tokenizer: vocab_lib.Tokenizer,
@@ -106,19 +106,6 @@ class SentenceEncoder:
   def encode_tokens(self, tokens_BxL: np.ndarray) -> np.ndarray:
     return np.asarray(self._apply(self.params, jnp.asarray(tokens_BxL, jnp.int32)), np.float32)
 
-  def encode(self, texts: str | Sequence[str], batch_size: int | None = None, *, show_progress: bool = False,
-             show_progress_bar: bool | None = None, normalize_embeddings: bool = False,
-             convert_to_numpy: bool = True, convert_to_tensor: bool = False, **unknown) -> Any:
-    """float32 [len(texts), dim] embeddings in input order ([dim] for one string).
-
-    Takes sentence-transformers' keywords as aliases (st5_jax/encode_options.py):
-    show_progress_bar, normalize_embeddings, convert_to_numpy, convert_to_tensor.
-    """
-    return encode_options.encode(self._encode_list, texts, batch_size, show_progress=show_progress,
-                                 show_progress_bar=show_progress_bar, normalize_embeddings=normalize_embeddings,
-                                 convert_to_numpy=convert_to_numpy, convert_to_tensor=convert_to_tensor,
-                                 unknown=unknown)
-
   def _encode_list(self, texts: list[str], batch_size: int | None, show_progress: bool) -> np.ndarray:
     """float32 [len(texts), dim] embeddings (L2-normalised), in input order."""
     batch_size = batch_size or self.max_batch_size
@@ -153,5 +140,4 @@ class SentenceEncoder:
       progress.close()
     return out_NxD
 
-  __call__ = encode
 

@@ -298,7 +298,7 @@ def export(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], vocab_fi
   return stats
 
 
-class SavedModelEncoder:
+class SavedModelEncoder(encode_options.EncodeAliases):
   """`SentenceEncoder`'s interface over an exported SavedModel, run by TensorFlow.
 
   Only TensorFlow and tensorflow_text are used (no JAX); the batching mirrors
@@ -335,19 +335,6 @@ class SavedModelEncoder:
   def encode_tokens(self, tokens_BxL: np.ndarray) -> np.ndarray:
     return self.model.encode_tokens(self._tf.constant(tokens_BxL, self._tf.int32)).numpy()
 
-  def encode(self, texts: str | Sequence[str], batch_size: int | None = None, *, show_progress: bool = False,
-             show_progress_bar: bool | None = None, normalize_embeddings: bool = False,
-             convert_to_numpy: bool = True, convert_to_tensor: bool = False, **unknown) -> Any:
-    """float32 [len(texts), dim] embeddings in input order ([dim] for one string).
-
-    Takes sentence-transformers' keywords as aliases (st5_jax/encode_options.py):
-    show_progress_bar, normalize_embeddings, convert_to_numpy, convert_to_tensor.
-    """
-    return encode_options.encode(self._encode_list, texts, batch_size, show_progress=show_progress,
-                                 show_progress_bar=show_progress_bar, normalize_embeddings=normalize_embeddings,
-                                 convert_to_numpy=convert_to_numpy, convert_to_tensor=convert_to_tensor,
-                                 unknown=unknown)
-
   def _encode_list(self, texts: list[str], batch_size: int | None, show_progress: bool) -> np.ndarray:
     """float32 [len(texts), dim] embeddings, in input order."""
     batch_size = batch_size or self.max_batch_size
@@ -368,4 +355,3 @@ class SavedModelEncoder:
       progress.close()
     return out_NxD
 
-  __call__ = encode
