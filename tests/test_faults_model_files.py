@@ -173,3 +173,34 @@ def test_a_vocabulary_symlinked_outside_the_folder_is_not_exported(tmp_path, nat
     with pytest.raises(ValueError, match=r"spiece.model is not a SentencePiece model"):
       api.export_model(str(model), format=fmt, out=str(out))
     assert not out.exists() and not list(tmp_path.glob(f".out_{fmt}*"))
+
+
+def test_a_savedmodel_export_loads_and_encodes_without_unpickling(monkeypatch, tmp_path, vocab_path):
+  """The SavedModel loader (TensorFlow's) reads, loads and runs an export with pickle forbidden.
+
+  Covers both ways st5_jax reads a SavedModel: the parameters from `variables/`
+  (`loader.read_flat` / `load_model`, e.g. training's init_from) and the graph run by
+  TensorFlow (`SentenceEncoder.load` -> `SavedModelEncoder`).
+  """
+  from st5_jax import SentenceEncoder
+  from st5_jax.export import api
+  from st5_jax.model.st5 import SentenceT5
+  import flax.linen as nn
+  import tensorflow  # noqa: F401  (imported before the guard, as any user's process would have)
+  # The full T5 vocabulary (an export checks the vocabulary fits the embedding).
+  cfg = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0), embedding_dim=16, max_length=16)
+  params = jax.jit(lambda k: SentenceT5(cfg).init(k, np.ones((1, 8), np.int32))["params"])(jax.random.PRNGKey(0))
+  native_dir = tmp_path / "model"
+  native.save_model(native_dir, cfg, jax.device_get(nn.unbox(params)), vocab_file=vocab_path)
+  out = tmp_path / "sm"
+  api.export_model(str(native_dir), format="savedmodel", out=str(out))
+  want = SentenceEncoder.load(str(native_dir), dtype="float32").encode(["A man plays a guitar.", ""])
+  _forbid_pickle(monkeypatch)
+  assert loader.detect_format(str(out)) == "savedmodel"
+  _, flat = loader.read_flat(str(out), "savedmodel")
+  assert "projection_layer/kernel" in flat and all(np.all(np.isfinite(np.asarray(v))) for v in flat.values())
+  loader.load_model(str(out))
+  enc = SentenceEncoder.load(str(out))
+  assert type(enc).__name__ == "SavedModelEncoder"
+  got = enc.encode(["A man plays a guitar.", ""])
+  np.testing.assert_allclose(got, want, atol=1e-5)
