@@ -144,11 +144,14 @@ def build_reqa_squad(data_dir, *, stats: RowStats, strict: bool = False,
         data = json.loads(f.read().decode("utf-8"))
       except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InputFileError(f"{path} is not valid UTF-8 JSON: {e}") from e
-    for article in data.get("data", []):
-      for p_index, paragraph in enumerate(article.get("paragraphs", [])):
+    for article in _squad_list(data, "data", path, "the file"):
+      for p_index, paragraph in enumerate(_squad_list(article, "paragraphs", path, "an article")):
         context = paragraph.get("context", "")
+        if not isinstance(context, str):
+          raise InputFileError(f"{path} is not SQuAD v1.1 JSON: a paragraph's context is a "
+                               f"{type(context).__name__}, not a string")
         spans = split_sentences(context)
-        for qa in paragraph.get("qas", []):
+        for qa in _squad_list(paragraph, "qas", path, "a paragraph"):
           where = f"{path}:{article.get('title', '?')}/{p_index}/{qa.get('id', '?')}"
           stats.rows_read += 1
           question = rows_lib.clean_text(qa.get("question"))
@@ -159,9 +162,12 @@ def build_reqa_squad(data_dir, *, stats: RowStats, strict: bool = False,
           if not answers:
             _bad(stats, strict, where, "no answer", kind="no answer")
             continue
-          answer = answers[0]
-          a_start = answer.get("answer_start", -1)
-          a_text = answer.get("text", "")
+          answer = answers[0] if isinstance(answers, list) else None
+          a_start = answer.get("answer_start", -1) if isinstance(answer, dict) else None
+          a_text = answer.get("text", "") if isinstance(answer, dict) else None
+          if type(a_start) is not int or not isinstance(a_text, str):  # bool is not an offset
+            _bad(stats, strict, where, "answers[0] is not {answer_start: int, text: str}", kind="malformed answer")
+            continue
           if not a_text or context[a_start:a_start + len(a_text)] != a_text:
             _bad(stats, strict, where, "answer text not at answer_start", kind="answer not found")
             continue
@@ -173,6 +179,14 @@ def build_reqa_squad(data_dir, *, stats: RowStats, strict: bool = False,
           examples.append({"inputs": question, "targets": context[sentence[0]:sentence[1]].strip(),
                            "source": where})
   return Built(_dedup(examples, stats), stats, rel_files)
+
+
+def _squad_list(parent, key: str, path: str, what: str) -> list[dict]:
+  """parent[key] as a list of objects, or an InputFileError naming the file (not SQuAD's layout)."""
+  value = parent.get(key, []) if isinstance(parent, dict) else None
+  if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+    raise InputFileError(f"{path} is not SQuAD v1.1 JSON: {what} has no list of objects under {key!r}")
+  return value
 
 
 # ----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import dataclasses
 import numpy as np
 
 from st5_jax import paths
+from st5_jax.data.rows import BadRowError
 
 # SentEval's subset lists (senteval/sts.py); STS13 has no SMT input (licensing).
 STS_SUBSETS = {
@@ -77,13 +78,40 @@ def _lines(path: paths.Path, encoding: str = "utf-8") -> list[str]:
   if not paths.is_file(path):
     raise paths.MissingFileError(f"Evaluation file {path} is missing; the data folder should be in {paths.LAYOUT_HINT}.")
   # No newline translation: \r inside fields stays visible to rstrip below; "utf-8-sig" drops a BOM.
-  text = paths.read_text(path, encoding)
+  try:
+    text = paths.read_text(path, encoding)
+  except UnicodeDecodeError as e:
+    line = e.object[:e.start].count(b"\n") + 1
+    raise BadRowError(f"{path}:{line}: not valid {encoding} ({e.reason} at byte {e.start}); "
+                      "the file is corrupt or not the published one") from None
+  if not text:
+    return []  # an empty file has no lines (not one empty one)
   return [line.rstrip("\r") for line in text.split("\n")][: -1 if text.endswith("\n") else None]
 
 
 def _tsv(path: paths.Path, *, header: bool, encoding: str = "utf-8-sig") -> list[list[str]]:
   rows = [line.split("\t") for line in _lines(path, encoding)]
   return rows[1:] if header else rows
+
+
+def _parse(path: paths.Path, rows, parse, *, first_line: int = 1) -> list:
+  """`parse(row)` for each row; a row that does not parse is a BadRowError naming file:line.
+
+  Evaluation sets are never read partially (a skipped row would change the benchmark).
+  """
+  out = []
+  for i, row in enumerate(rows):
+    try:
+      out.append(parse(row))
+    except (IndexError, ValueError, KeyError) as e:
+      what = "too few tab-separated fields" if isinstance(e, IndexError) else f"{type(e).__name__}: {e}"
+      raise BadRowError(f"{path}:{first_line + i}: {what}; the file is corrupt or not the published one") from None
+  return out
+
+
+def _columns(records: list, n: int) -> list[list]:
+  """The n columns of a list of n-tuples (n empty lists when there are none)."""
+  return [list(c) for c in zip(*records)] if records else [[] for _ in range(n)]
 
 
 # ---------------------------------------------------------------------------- STS
@@ -103,18 +131,19 @@ def read_sts(data_dir=None, *, year: int, tokenized: bool = False) -> PairScores
   prefix = "STS2016" if (year == 2016 and not tokenized) else "STS"
   s1, s2, scores, subsets = [], [], [], []
   for subset in STS_SUBSETS[year]:
-    inputs = _lines(folder / f"{prefix}.input.{subset}.txt")
-    gold = _lines(folder / f"{prefix}.gs.{subset}.txt")
+    input_file, gold_file = folder / f"{prefix}.input.{subset}.txt", folder / f"{prefix}.gs.{subset}.txt"
+    inputs = _lines(input_file)
+    gold = _lines(gold_file)
     if len(inputs) != len(gold):
-      raise ValueError(f"{folder}/{subset}: {len(inputs)} input lines but {len(gold)} gold lines")
-    for line, score in zip(inputs, gold):
-      if not score.strip():
-        continue
-      # STS16 originals carry two extra source columns after the sentences.
-      fields = line.split("\t")
-      s1.append(clean(fields[0]))
-      s2.append(clean(fields[1]))
-      scores.append(float(score))
+      raise ValueError(f"{input_file} has {len(inputs)} lines but {gold_file} has {len(gold)}; they must be parallel")
+    gold_scores = _parse(gold_file, gold, lambda score: float(score) if score.strip() else None)
+    # STS16 originals carry two extra source columns after the sentences.
+    pairs = _parse(input_file, list(zip(inputs, gold_scores)),
+                   lambda r: None if r[1] is None else (r[0].split("\t")[0], r[0].split("\t")[1], r[1]))
+    for a, b, score in filter(None, pairs):
+      s1.append(clean(a))
+      s2.append(clean(b))
+      scores.append(score)
       subsets.append(subset)
   return PairScores(s1, s2, np.asarray(scores, np.float64), subsets)
 
@@ -124,9 +153,9 @@ def read_stsb(data_dir=None, *, split: str, tokenized: bool = False) -> PairScor
   if split not in ("train", "dev", "test"):
     raise ValueError(f"STS-B split must be train, dev or test, got {split!r}")
   path = _root(data_dir) / "stsb" / ("senteval_tokenized" if tokenized else "original") / f"sts-{split}.csv"
-  rows = _tsv(path, header=False)
-  return PairScores([clean(r[5]) for r in rows], [clean(r[6]) for r in rows],
-                    np.asarray([float(r[4]) for r in rows], np.float64), [r[0] for r in rows])
+  s1, s2, scores, genres = _columns(_parse(path, _tsv(path, header=False),
+                                           lambda r: (clean(r[5]), clean(r[6]), float(r[4]), r[0])), 4)
+  return PairScores(s1, s2, np.asarray(scores, np.float64), genres)
 
 
 def read_sick(data_dir=None, *, split: str, tokenized: bool = False) -> PairScores:
@@ -135,9 +164,9 @@ def read_sick(data_dir=None, *, split: str, tokenized: bool = False) -> PairScor
   if split not in names:
     raise ValueError(f"SICK split must be one of {sorted(names)}, got {split!r}")
   path = _root(data_dir) / "sick" / ("senteval" if tokenized else "brmson_semeval2014") / names[split]
-  rows = _tsv(path, header=True)
-  return PairScores([clean(r[1]) for r in rows], [clean(r[2]) for r in rows],
-                    np.asarray([float(r[3]) for r in rows], np.float64), [r[4] for r in rows])
+  s1, s2, scores, ids = _columns(_parse(path, _tsv(path, header=True),
+                                        lambda r: (clean(r[1]), clean(r[2]), float(r[3]), r[4]), first_line=2), 4)
+  return PairScores(s1, s2, np.asarray(scores, np.float64), ids)
 
 
 # ------------------------------------------------------------------ SentEval transfer
@@ -160,8 +189,9 @@ def read_sst2(data_dir=None, *, split: str) -> Labeled:
   """SentEval SST-2 (senteval_transfer/SST/binary/sentiment-{train,dev,test}): text<TAB>label."""
   if split not in ("train", "dev", "test"):
     raise ValueError(f"SST-2 split must be train, dev or test, got {split!r}")
-  rows = _tsv(_root(data_dir) / "senteval_transfer" / "SST" / "binary" / f"sentiment-{split}", header=False)
-  return Labeled([clean(r[0]) for r in rows], np.asarray([int(r[1]) for r in rows], np.int64))
+  path = _root(data_dir) / "senteval_transfer" / "SST" / "binary" / f"sentiment-{split}"
+  texts, labels = _columns(_parse(path, _tsv(path, header=False), lambda r: (clean(r[0]), int(r[1]))), 2)
+  return Labeled(texts, np.asarray(labels, np.int64))
 
 
 def read_trec(data_dir=None, *, split: str) -> Labeled:
@@ -172,11 +202,13 @@ def read_trec(data_dir=None, *, split: str) -> Labeled:
   names = {"train": "train_5500.label", "test": "TREC_10.label"}
   if split not in names:
     raise ValueError(f"TREC split must be train or test, got {split!r}")
-  texts, labels = [], []
-  for line in _lines(_root(data_dir) / "senteval_transfer" / "TREC" / names[split], encoding="latin-1"):
-    coarse, rest = line.strip().split(":", 1)
-    texts.append(clean(rest.split(" ", 1)[1]))
-    labels.append(TREC_CLASSES.index(coarse))
+  path = _root(data_dir) / "senteval_transfer" / "TREC" / names[split]
+
+  def parse(line):
+    coarse, rest = line.strip().split(":", 1)  # "DESC:manner How did ...": ValueError without a colon
+    return clean(rest.split(" ", 1)[1]), TREC_CLASSES.index(coarse)
+
+  texts, labels = _columns(_parse(path, _lines(path, encoding="latin-1"), parse), 2)
   return Labeled(texts, np.asarray(labels, np.int64))
 
 
@@ -184,9 +216,10 @@ def read_mrpc(data_dir=None, *, split: str) -> LabeledPairs:
   """SentEval MRPC (msr_paraphrase_{train,test}.txt): Quality, #1 ID, #2 ID, #1 String, #2 String."""
   if split not in ("train", "test"):
     raise ValueError(f"MRPC split must be train or test, got {split!r}")
-  rows = _tsv(_root(data_dir) / "senteval_transfer" / "MRPC" / f"msr_paraphrase_{split}.txt", header=True)
-  return LabeledPairs([clean(r[3]) for r in rows], [clean(r[4]) for r in rows],
-                      np.asarray([int(r[0]) for r in rows], np.int64))
+  path = _root(data_dir) / "senteval_transfer" / "MRPC" / f"msr_paraphrase_{split}.txt"
+  s1, s2, labels = _columns(_parse(path, _tsv(path, header=True),
+                                   lambda r: (clean(r[3]), clean(r[4]), int(r[0])), first_line=2), 3)
+  return LabeledPairs(s1, s2, np.asarray(labels, np.int64))
 
 
 # ------------------------------------------------------------------------- GLUE
@@ -213,17 +246,21 @@ def read_glue(data_dir=None, *, task: str, split: str):
     raise ValueError(f"unknown GLUE task/split {task}/{split}; labelled ones are {GLUE_SPLITS}")
   folder = _root(data_dir) / "glue" / task
   if task == "CoLA":  # no header: source, label, original mark, sentence.
-    rows = _tsv(folder / ("out_of_domain_dev.tsv" if split == "dev_ood" else f"{split}.tsv"), header=False)
-    return Labeled([clean(r[3]) for r in rows], np.asarray([int(r[1]) for r in rows], np.int64))
-  rows = _tsv(folder / f"{split}.tsv", header=True)
+    path = folder / ("out_of_domain_dev.tsv" if split == "dev_ood" else f"{split}.tsv")
+    texts, labels = _columns(_parse(path, _tsv(path, header=False), lambda r: (clean(r[3]), int(r[1]))), 2)
+    return Labeled(texts, np.asarray(labels, np.int64))
+  path = folder / f"{split}.tsv"
+  rows = _tsv(path, header=True)
   if task == "SST-2":
-    return Labeled([clean(r[0]) for r in rows], np.asarray([int(r[1]) for r in rows], np.int64))
-  if task == "MRPC":
-    return LabeledPairs([clean(r[3]) for r in rows], [clean(r[4]) for r in rows],
-                        np.asarray([int(r[0]) for r in rows], np.int64))
+    texts, labels = _columns(_parse(path, rows, lambda r: (clean(r[0]), int(r[1])), first_line=2), 2)
+    return Labeled(texts, np.asarray(labels, np.int64))
   if task == "STS-B":
-    return PairScores([clean(r[7]) for r in rows], [clean(r[8]) for r in rows],
-                      np.asarray([float(r[9]) for r in rows], np.float64), [r[1] for r in rows])
-  # RTE: index, sentence1, sentence2, label; QNLI: index, question, sentence, label.
-  return LabeledPairs([clean(r[1]) for r in rows], [clean(r[2]) for r in rows],
-                      np.asarray([_ENTAILMENT[r[3]] for r in rows], np.int64))
+    s1, s2, scores, genres = _columns(_parse(path, rows, lambda r: (clean(r[7]), clean(r[8]), float(r[9]), r[1]),
+                                             first_line=2), 4)
+    return PairScores(s1, s2, np.asarray(scores, np.float64), genres)
+  if task == "MRPC":
+    parse = lambda r: (clean(r[3]), clean(r[4]), int(r[0]))  # noqa: E731
+  else:  # RTE: index, sentence1, sentence2, label; QNLI: index, question, sentence, label.
+    parse = lambda r: (clean(r[1]), clean(r[2]), _ENTAILMENT[r[3]])  # noqa: E731
+  s1, s2, labels = _columns(_parse(path, rows, parse, first_line=2), 3)
+  return LabeledPairs(s1, s2, np.asarray(labels, np.int64))
