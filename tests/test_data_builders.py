@@ -1,10 +1,12 @@
-"""Row counts per task on the real files, against the counts the data says (DATA.md)."""
+"""Row counts per task on the real files, against the counts the data says (DATA.md) and counts
+derived from the raw files without st5_jax (tests/raw_counts.py)."""
 
 import collections
 import csv
 import json
 
 import pytest
+import raw_counts
 
 from st5_jax.data import builders
 from st5_jax.data.rows import RowStats
@@ -38,10 +40,13 @@ def test_trecqa_counts(data_dir):
 def test_wikiqa_counts_both_layouts(data_dir):
   stats = RowStats()
   built = builders.build_wikiqa(data_dir, stats=stats)
-  assert stats.rows_read == 20360 + 6165  # DATA.md: train 20,360 rows, test 6,165
+  raw = raw_counts.wikiqa(data_dir)
+  assert stats.rows_read == raw["rows"] == 20360 + 6165  # DATA.md: train 20,360 rows, test 6,165
   assert stats.rows_skipped == 0  # the 13 train rows with DocumentID/Title columns are the original layout
   by_file = collections.Counter(ex["source"].split(":")[0].rsplit("/", 1)[1] for ex in built.examples)
+  assert by_file == {"WikiQA-train.tsv": raw["train_positives"], "WikiQA-test.tsv": raw["test_positives"]}
   assert by_file == {"WikiQA-train.tsv": 1040, "WikiQA-test.tsv": 293}  # DATA.md: 1,040 train positives
+  assert len(built.examples) == raw["distinct_positives"]  # no duplicate positives in WikiQA
   leeroy = [ex for ex in built.examples if ex["inputs"] == "what does leeroy jenkins mean"]
   assert len(leeroy) == 1 and leeroy[0]["targets"].startswith("Leeroy Jenkins, sometimes misspelled")
 
@@ -52,7 +57,9 @@ def test_reqa_squad_counts_and_sentences(data_dir):
   with open(data_dir / "squad_v1.1_dev" / "dev-v1.1.reconstructed.json", encoding="utf-8") as f:
     squad = json.load(f)["data"]
   assert len(squad) == 48 and sum(len(a["paragraphs"]) for a in squad) == 2067  # DATA.md
-  assert stats.rows_read == 10570 and stats.rows_skipped == 0
+  assert stats.rows_read == raw_counts.squad_dev(data_dir)["questions"] == 10570 and stats.rows_skipped == 0
+  # 10522 below depends on the sentence splitter (which answers cross a boundary): how it was
+  # checked is in docs/data.md, "How the counts were checked".
   crossing = stats.filtered_by_reason["answer crosses a sentence boundary"]
   assert crossing <= 20
   assert len(built.examples) == 10570 - crossing - stats.filtered_by_reason["duplicate pair"] == 10522
@@ -80,15 +87,23 @@ def test_qatar_living_counts(data_dir):
   good = builders.build_qatar_living_good(data_dir, stats=stats)
   # 2015 XML: dev 1645 + test 1976 + trial 588 comments; 2016 A val/test 4950 + 6840; C val/test 5000 + 7000.
   assert stats.rows_read == 1645 + 1976 + 588 + 4950 + 6840 + 5000 + 7000
+  raw = raw_counts.qatar_living(data_dir)
+  assert stats.rows_read == raw["comments"]
   assert stats.rows_skipped == 0
   labels = stats.filtered_by_reason
   goods_2015 = 875 + 997 + 275  # CGOLD=Good in dev/test, ANNOTATION=good in trial
   goods_2016 = 1825 + 2664 + 345 + 654
   assert len(good.examples) + labels["duplicate pair"] == goods_2015 + goods_2016
+  assert goods_2015 + goods_2016 == raw["good"]
   assert len(good.examples) == 6483
+  # The builder's duplicate key keeps punctuation; a letters-and-digits-only key merges 7 more
+  # pairs (docs/data.md, "How the counts were checked"): the count lies between the two.
+  assert raw["distinct_good_letters_only"] <= len(good.examples) <= raw["good"]
+  assert raw["good"] - len(good.examples) == labels["duplicate pair"] == 1152
   stats = RowStats()
   match = builders.build_qatar_living_perfect_match(data_dir, stats=stats)
   assert stats.rows_read == 1958 + 495 + 684 and len(match.examples) == 175 + 59 + 81
+  assert (stats.rows_read, len(match.examples)) == (raw["match_rows"], raw["perfect_match"])
 
 
 def test_cqa_quote_artefacts_are_removed():
@@ -100,7 +115,7 @@ def test_cqa_quote_artefacts_are_removed():
 def test_raw_snli_gives_the_shipped_triples_row_for_row(data_dir):
   with open(data_dir / "nli" / "snli_devtest_triples_derived.csv", newline="", encoding="utf-8") as f:
     shipped = list(csv.DictReader(f))
-  assert len(shipped) == 6339  # DATA.md
+  assert len(shipped) == 6339 == raw_counts.shipped_triples(data_dir)["all"]  # DATA.md
   for split in ("dev", "test"):
     stats = RowStats()
     triples = builders.build_nli_triples([str(data_dir / "nli" / "snli_senteval_devtest" / f"s1.{split}")],
@@ -108,6 +123,8 @@ def test_raw_snli_gives_the_shipped_triples_row_for_row(data_dir):
     expected = [(r["sent0"], r["sent1"], r["hard_neg"]) for r in shipped if r["split"] == split]
     assert [(t["inputs"], t["targets"], t["negative_targets"]) for t in triples] == expected
     assert stats.rows_read == {"dev": 9842, "test": 9824}[split] and stats.rows_skipped == 0
+    raw = raw_counts.snli_senteval(data_dir, split)
+    assert stats.rows_read == raw["pairs"] and len(triples) == raw["per_entailment"]
     per_premise = builders.build_nli_triples(
         [str(data_dir / "nli" / "snli_senteval_devtest" / f"s1.{split}")], stats=RowStats(), mode="per_premise")
     # Independently: premises with at least one entailment and one contradiction in the raw files.
@@ -118,7 +135,7 @@ def test_raw_snli_gives_the_shipped_triples_row_for_row(data_dir):
       if label.strip():
         labels_by_premise[s1.strip()].add(label.strip())
     both = sum(1 for v in labels_by_premise.values() if {"entailment", "contradiction"} <= v)
-    assert len(per_premise) == both == {"dev": 2943, "test": 2921}[split]
+    assert len(per_premise) == both == raw["per_premise"] == {"dev": 2943, "test": 2921}[split]
     assert len({t["inputs"] for t in per_premise}) == len(per_premise)
 
 
@@ -134,10 +151,13 @@ def test_jsonl_and_sick_nli_files(data_dir, tmp_path):
     f.write(json.dumps({"sentence1": "A man.", "sentence2": "A person.", "gold_label": "-"}) + "\n")
   stats = RowStats()
   triples = builders.build_nli_triples([str(path)], stats=stats)
-  assert len(triples) == 3172 and stats.filtered_by_reason["no gold label"] == 1
+  assert len(triples) == 3172 == raw_counts.snli_senteval(data_dir, "dev")["per_entailment"]
+  assert stats.filtered_by_reason["no gold label"] == 1
   stats = RowStats()
   sick = builders.build_nli_triples([str(data_dir / "sick" / "senteval" / "SICK_train.txt")], stats=stats)
   assert stats.rows_read == 4500 and len(sick) == 148
+  assert (stats.rows_read, len(sick)) == (raw_counts.sick_triples(data_dir)["rows"],
+                                          raw_counts.sick_triples(data_dir)["per_entailment"])
   out = tmp_path / "nli_for_simcse.csv"
   assert builders.write_simcse_csv(sick, str(out)) == 148
   assert builders.read_simcse_csv(str(out), stats=RowStats())[0]["negative_targets"] == sick[0]["negative_targets"]
@@ -147,4 +167,5 @@ def test_jsonl_and_sick_nli_files(data_dir, tmp_path):
 def test_shipped_triples_split(data_dir, split, n):
   stats = RowStats()
   assert len(builders.build_shipped_triples(data_dir, split, stats=stats).examples) == n
+  assert n == raw_counts.shipped_triples(data_dir)[split]
   assert stats.rows_read == 6339

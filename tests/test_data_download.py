@@ -13,6 +13,7 @@ import unicodedata
 import zipfile
 
 import pytest
+import raw_counts
 
 from st5_jax import cli
 from st5_jax.data import builders, catalog, download, prepare
@@ -184,8 +185,9 @@ def test_prepare_everything_from_the_local_folder_then_idempotent(data_dir, tmp_
   assert row["inputs"] in (out / rel).read_text(encoding="utf-8").splitlines()[int(line) - 1]
   summary = report.summary()
   assert "st5_trecqa_positives (train)" in summary and "7383" in summary
+  assert raw_counts.trecqa(data_dir)["rows"] == 7383
   manifest = json.loads((out / "prepared" / "MANIFEST.json").read_text())
-  assert manifest["tasks"]["st5_wikiqa_positives"]["train"]["stats"]["rows_read"] == 26525
+  assert manifest["tasks"]["st5_wikiqa_positives"]["train"]["stats"]["rows_read"] == raw_counts.wikiqa(data_dir)["rows"]
 
   again = prepare.prepare(out_dir=str(out), source_dir=str(data_dir), offline=True, progress=False)
   assert again.ok and all(set(d.counts()) == {"present"} for d in again.datasets)
@@ -199,11 +201,13 @@ def test_prepare_everything_from_the_local_folder_then_idempotent(data_dir, tmp_
       ("st5_trecqa_positives", "up to date"), ("st5_wikiqa_positives", "up to date")}
 
 
-def test_prepare_downloads_from_a_mirror_and_builds(mirror, tmp_path):
+def test_prepare_downloads_from_a_mirror_and_builds(mirror, tmp_path, data_dir):
   report = prepare.prepare(out_dir=str(tmp_path), base_url=mirror, datasets=["trecqa", "wikiqa"], progress=False)
   assert report.ok, report.summary()
   assert [d.counts() for d in report.datasets] == [{"downloaded": 4}, {"downloaded": 2}]
   assert {t.task: t.written for t in report.tasks} == {"st5_trecqa_positives": 853, "st5_wikiqa_positives": 1333}
+  assert (853, 1333) == (raw_counts.trecqa(data_dir)["distinct_positives"],
+                         raw_counts.wikiqa(data_dir)["distinct_positives"])
 
 
 def test_prepare_reports_a_missing_dataset(mirror, tmp_path):
@@ -231,6 +235,7 @@ def test_cli_prepare_list_and_nli_triples(data_dir, tmp_path, capsys, monkeypatc
   rc = cli.main(["data", "nli-triples", "--input", str(data_dir / "nli" / "snli_senteval_devtest" / "s1.test"),
                  "--out", str(tmp_path / "t.csv")])
   assert rc == 0 and "wrote 3167 triples" in capsys.readouterr().out
+  assert raw_counts.snli_senteval(data_dir, "test")["per_entailment"] == 3167
   with contextlib.redirect_stderr(io.StringIO()):
     with pytest.raises(SystemExit):
       cli.main(["data", "prepare", "--bogus"])

@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import raw_counts
 import seqio
 
 from st5_jax import paths
@@ -106,7 +107,7 @@ def test_prepared_files_equal_in_memory_build(prepared_dir, data_dir, monkeypatc
   monkeypatch.setenv("ST5_DATA_DIR", str(prepared_dir))
   it = make_local_iterator(task=tasks.WIKIQA, feature_lengths={"inputs": 16, "targets": 16}, batch_size=4)
   next(it)
-  assert it.stats["tasks"][tasks.WIKIQA]["build"]["rows_read"] == 26525
+  assert it.stats["tasks"][tasks.WIKIQA]["build"]["rows_read"] == 26525 == raw_counts.wikiqa(data_dir)["rows"]
 
 
 def test_register_user_task_jsonl_glob(tmp_path):
