@@ -9,7 +9,7 @@
 `load` returns an `mteb.models.abs_encoder.AbsEncoder` (which supplies `similarity` /
 `similarity_pairwise`) with a filled-in `ModelMeta` (`mteb_model_meta`): without one,
 mteb substitutes an empty meta whose loader raises. `local_tasks` builds mteb tasks from
-the local evaluation data (../shared/data layout: STS-B, STS12-16, SICK-R) that run
+the local evaluation data (`st5 data prepare` layout: STS-B, STS12-16, SICK-R) that run
 without network access, the way mteb's own mock tasks do. Needs the `mteb` extra.
 """
 

@@ -16,12 +16,13 @@ def register(subparsers) -> None:
   sub = parser.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
 
   p = sub.add_parser("prepare", help="Get every known dataset (local copy or download) and write what tasks read.",
-                     description="Copy datasets from a local folder laid out like ../shared/data (--source, or "
+                     description="Copy datasets from a local data folder (--source, or "
                                  "$ST5_DATA_DIR) or download them from their canonical URLs (or --base-url), verify "
                                  "sha256, and write OUT/prepared/<task>/<split>.jsonl. Safe to rerun.")
-  p.add_argument("--source", help="local folder laid out like ../shared/data (default: $ST5_DATA_DIR)")
+  p.add_argument("--source", help="local data folder holding the files at the paths docs/data.md lists "
+                                  "(stsb/, glue/, ...; default: $ST5_DATA_DIR)")
   p.add_argument("--out", help="output data folder (default: $ST5_DATA_DIR); use it as ST5_DATA_DIR afterwards")
-  p.add_argument("--base-url", help="download from this mirror (laid out like ../shared/data) instead of the "
+  p.add_argument("--base-url", help="download from this mirror (same relative paths as a data folder) instead of the "
                                     "canonical URLs")
   p.add_argument("--datasets", help="comma-separated dataset names (default: all core datasets, plus optional "
                                     "ones found locally); see `st5 data list`")

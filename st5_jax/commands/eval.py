@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                  "datasets cache). Results go under \"mteb\" in the results JSON.")
   p.add_argument("--mteb_output", default=None, help="Also keep mteb's own per-task result files here.")
   p.add_argument("--data_dir", default=None,
-                 help="Public data folder (layout of ../shared/data; default $ST5_DATA_DIR).")
+                 help="Public data folder, as `st5 data prepare --out DIR` writes it (default $ST5_DATA_DIR).")
   p.add_argument("--output", required=True, help="Results JSON; the .md and .png files are written beside it.")
   p.add_argument("--compare", default="", help="Earlier results JSON files to show alongside, comma-separated.")
   p.add_argument("--batch_size", type=int, default=64)

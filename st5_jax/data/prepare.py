@@ -1,7 +1,7 @@
 """`st5 data prepare`: get every known dataset and write what the tasks read.
 
 Output layout (OUT):
-  OUT/<raw files, laid out like ../shared/data>     copied or downloaded, sha256-verified
+  OUT/<raw files at catalog relpaths: stsb/, glue/...> copied or downloaded, sha256-verified
   OUT/prepared/<task>/<split>.jsonl                 one example per line: inputs, targets,
                                                     [negative_targets], source (file:line)
   OUT/prepared/MANIFEST.json                        checksums, row counts, skipped rows

@@ -126,7 +126,7 @@ def evaluate(encode: Encode, tasks: str | Sequence[str] = "all", data_dir=None, 
   Args:
     encode: list of strings -> np.ndarray [N, D]; any encoder.
     tasks: names of tasks or suites (see `TASKS`, `SUITES`).
-    data_dir: folder laid out like ../shared/data (default $ST5_DATA_DIR).
+    data_dir: the data folder `st5 data prepare --out DIR` writes (default $ST5_DATA_DIR; docs/data.md).
     kfold: folds of SentEval's cross-validations (SentEval's standard setting is 10).
     cache: an EmbeddingCache to reuse across calls; by default a new one over `encode`.
     chunk_size: texts per `encode` call.
