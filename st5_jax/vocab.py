@@ -152,6 +152,15 @@ def model_proto(path: paths.PathLike) -> bytes:
   return raw
 
 
+def check_t5(sp: spm.SentencePieceProcessor, *, where: str, vocab_size: int | None = None) -> None:
+  """Refuses a SentencePiece model that is not T5's (pad 0, EOS 1) or has ids past `vocab_size`."""
+  if sp.pad_id() != PAD_ID or sp.eos_id() != EOS_ID:
+    raise ValueError(f"{where} is not a T5 vocabulary: pad={sp.pad_id()} eos={sp.eos_id()}, "
+                     f"expected pad={PAD_ID} eos={EOS_ID}.")
+  if vocab_size is not None and sp.get_piece_size() > vocab_size:
+    raise ValueError(f"{where} has {sp.get_piece_size()} pieces but the model embeds only {vocab_size} ids")
+
+
 @functools.lru_cache(maxsize=8)
 def _processor(path: str) -> spm.SentencePieceProcessor:
   return spm.SentencePieceProcessor(model_proto=model_proto(path))
@@ -163,9 +172,7 @@ class Tokenizer:
   def __init__(self, path: str):
     self.path = path
     self.sp = _processor(path)
-    if self.sp.pad_id() != PAD_ID or self.sp.eos_id() != EOS_ID:
-      raise ValueError(f"{path} is not a T5 vocabulary: pad={self.sp.pad_id()} eos={self.sp.eos_id()}, "
-                       f"expected pad={PAD_ID} eos={EOS_ID}.")
+    check_t5(self.sp, where=path)
 
   @classmethod
   def from_config(cls, explicit=None, *, model_dir=None) -> "Tokenizer":

@@ -36,9 +36,11 @@ import time
 from typing import Any, Mapping, MutableMapping, Sequence
 
 import numpy as np
+import sentencepiece as spm
 
-from st5_jax import encode_options, paths
+from st5_jax import encode_options, paths, vocab
 from st5_jax.configs import ST5Config
+from st5_jax.inference import length_buckets
 
 log = logging.getLogger(__name__)
 
@@ -53,21 +55,8 @@ TOKENS_KEY = "tokens"
 # StableHLO lowered for all three lets one SavedModel serve on TF CPU, GPU and TPU builds;
 # the runtime picks the lowering of the device it runs on.
 DEFAULT_PLATFORMS = ("cpu", "cuda", "tpu")
-# Smallest padded length; then powers of two up to max_length (as SentenceEncoder pads), so
-# TF compiles the XlaCallModule for a handful of lengths instead of every batch maximum.
-MIN_LENGTH_BUCKET = 8
 # Checkpoint key of the i-th entry of the module's `params` list.
 _VARIABLE_KEY = "params/{}/.ATTRIBUTES/VARIABLE_VALUE"
-_EOS_ID = 1  # st5_jax.vocab.EOS_ID; not imported so this module loads without sentencepiece.
-
-
-def length_buckets(max_length: int) -> list[int]:
-  """Padded lengths the graph uses: 8, 16, ... capped at max_length."""
-  out, b = [], MIN_LENGTH_BUCKET
-  while b < max_length:
-    out.append(b)
-    b *= 2
-  return out + [max_length]
 
 
 def _assets(path: str | os.PathLike) -> pathlib.Path:
@@ -116,17 +105,8 @@ def load_flat(path: str | os.PathLike) -> tuple[ST5Config, dict[str, np.ndarray]
 
 
 def _check_vocab(vocab_file: str, config: ST5Config) -> bytes:
-  import sentencepiece as spm
-
-  from st5_jax import vocab  # pylint: disable=g-import-not-at-top
-
   proto = vocab.model_proto(vocab_file)  # a tokenizer.json becomes a SentencePiece model here
-  sp = spm.SentencePieceProcessor(model_proto=proto)
-  if sp.pad_id() != 0 or sp.eos_id() != _EOS_ID:
-    raise ValueError(f"{vocab_file} is not a T5 vocabulary: pad={sp.pad_id()} eos={sp.eos_id()}, expected 0 and 1")
-  if sp.get_piece_size() > config.t5.vocab_size:
-    raise ValueError(f"{vocab_file} has {sp.get_piece_size()} pieces but the model embeds only "
-                     f"{config.t5.vocab_size} ids")
+  vocab.check_t5(spm.SentencePieceProcessor(model_proto=proto), where=vocab_file, vocab_size=config.t5.vocab_size)
   return proto
 
 
@@ -159,6 +139,8 @@ def _build_module(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], n
   forward = _jax_forward(config, names, platforms)
   dim = config.output_dim
   max_length = config.max_length
+  # Powers of two, as training's in-loop evaluation pads: TF compiles the XlaCallModule for
+  # a handful of lengths instead of every batch maximum.
   buckets = length_buckets(max_length)
 
   class SentenceT5Module(tf.Module):
@@ -195,7 +177,7 @@ def _build_module(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], n
       """int32 [batch, L]: pieces truncated to max_length - 1, EOS, zero padding to a bucket."""
       pieces = self.tokenizer.tokenize(inputs)[:, : max_length - 1]
       batch = tf.shape(inputs, out_type=tf.int64)[0]
-      eos = tf.RaggedTensor.from_tensor(tf.fill(tf.stack([batch, 1]), tf.constant(_EOS_ID, tf.int32)))
+      eos = tf.RaggedTensor.from_tensor(tf.fill(tf.stack([batch, 1]), tf.constant(vocab.EOS_ID, tf.int32)))
       tokens = tf.concat([pieces, eos], axis=1)
       longest = tf.reduce_max(tf.concat([tokens.row_lengths(), [1]], axis=0))  # 1 for an empty batch
       bucket_lengths = tf.constant(buckets, tf.int64)

@@ -74,7 +74,7 @@ def _write_tokenizer(out: pathlib.Path, vocab_file: str, max_length: int) -> Non
   (out / VOCAB_FILE).write_bytes(vocab.model_proto(vocab_file))  # gs:// or a tokenizer.json too
   # Enough for transformers to build the tokenizer from spiece.model on its own.
   (out / "tokenizer_config.json").write_text(json.dumps({
-      "tokenizer_class": "T5Tokenizer", "model_max_length": max_length, "extra_ids": 100,
+      "tokenizer_class": "T5Tokenizer", "model_max_length": max_length, "extra_ids": vocab.EXTRA_IDS,
       "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}, indent=2))
   try:
     import transformers
