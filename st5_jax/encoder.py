@@ -24,12 +24,15 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tqdm import tqdm
 
 from st5_jax import encode_options, paths
-from st5_jax.inference import default_dtype, length_bucket
 from st5_jax import vocab as vocab_lib
 from st5_jax.checkpoints import loader, tree
 from st5_jax.configs import ST5Config
+from st5_jax.export.savedmodel import SavedModelEncoder
+from st5_jax.inference import default_dtype, length_bucket
+from st5_jax.model.st5 import SentenceT5
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +49,6 @@ class SentenceEncoder(encode_options.EncodeAliases):
 
   def __init__(self, config: ST5Config, params: Any, *, tokenizer: vocab_lib.Tokenizer,
                source: str = "", report: tree.LoadReport | None = None, max_batch_size: int = 64):
-    from st5_jax.model.st5 import SentenceT5
-
     self.config = config
     self.tokenizer = tokenizer
     self.source = source
@@ -64,7 +65,6 @@ class SentenceEncoder(encode_options.EncodeAliases):
     path = os.fspath(paths.path(path))
     fmt = loader.detect_format(path)
     if fmt == "savedmodel":
-      from st5_jax.export.savedmodel import SavedModelEncoder
       fixed = {k: v for k, v in dict(pooling=pooling, max_length=max_length, vocab=vocab).items() if v is not None}
       if fixed:
         raise ValueError(f"{', '.join(fixed)} of a SavedModel are fixed at export time; re-export with "
@@ -99,7 +99,6 @@ class SentenceEncoder(encode_options.EncodeAliases):
     starts = range(0, len(texts), batch_size)
     progress = None
     if show_progress:
-      from tqdm import tqdm
       progress = tqdm(total=len(texts), desc="encode", unit="sent")
     pending = None  # (rows, device result) of the batch in flight
     for start in starts:

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2 as pb
 
 from st5_jax import paths
 
@@ -87,8 +88,6 @@ def model_proto_from_tokenizer_json(data: dict[str, Any] | str | bytes, *, where
   them on top of the vocabulary too). Normalisation: the precompiled charsmap, the
   dummy prefix and whitespace collapsing of the Metaspace / WhitespaceSplit steps.
   """
-  from sentencepiece import sentencepiece_model_pb2 as pb  # pylint: disable=g-import-not-at-top
-
   if not isinstance(data, dict):
     data = json.loads(data)
   model = data.get("model") or {}

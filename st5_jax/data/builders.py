@@ -10,6 +10,7 @@ give the same examples in the same order.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import os
@@ -507,7 +508,6 @@ def build_nli_triples(paths: Sequence[str], *, stats: RowStats, strict: bool = F
 
 def write_simcse_csv(triples: Iterable[dict[str, str]], path: str) -> int:
   """Writes triples as SimCSE's `sent0,sent1,hard_neg` CSV; returns the row count."""
-  import csv  # pylint: disable=g-import-not-at-top
   n = 0
   pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
   tmp = f"{path}.tmp"

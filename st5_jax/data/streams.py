@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import numpy as np
 import seqio
 
-from st5_jax.data import convert
+from st5_jax.data import convert, feature_converters
 from st5_jax.data import sources as sources_lib
 from st5_jax.data.geometry import DataConfigError
 from st5_jax.data.rows import RowStats
@@ -208,7 +208,6 @@ class SeqioStream(TaskStream):
 
   def __init__(self, task: seqio.Task, *, layout: convert.BatchLayout, **kwargs):
     super().__init__(task, **kwargs)
-    from st5_jax.data import feature_converters  # pylint: disable=g-import-not-at-top
     self.layout = layout
     self.converter = feature_converters.DualEncoderFeatureConverter(layout=layout)
     self.shard_info = seqio.ShardInfo(self.reader_id, self.num_readers) if self.num_readers > 1 else None

@@ -9,6 +9,7 @@ import time
 from typing import Callable, Sequence
 
 import numpy as np
+import sklearn
 
 from st5_jax import paths
 from st5_jax.evaluation import geometry, readers, sentglue, sts, transfer
@@ -157,7 +158,6 @@ def evaluate(encode: Encode, tasks: str | Sequence[str] = "all", data_dir=None, 
     results[name] = result
     main = result.get("main")
     log.info("%s: %s in %.1fs", name, "-" if main is None else f"{main:.2f}", result["seconds"])
-  import sklearn
   meta = {
       "data_dir": str(root), "kfold": kfold, "tasks": names, "n_texts": len(set(texts)), "dim": cache.dim,
       "encode_seconds": cache.encode_seconds, "total_seconds": time.perf_counter() - start,

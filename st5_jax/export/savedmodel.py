@@ -35,12 +35,21 @@ import tempfile
 import time
 from typing import Any, Mapping, MutableMapping, Sequence
 
+import flax.linen as nn
+import jax
 import numpy as np
 import sentencepiece as spm
+from tqdm import tqdm
 
 from st5_jax import encode_options, paths, vocab
+from st5_jax.checkpoints import tree
 from st5_jax.configs import ST5Config
 from st5_jax.inference import length_buckets
+from st5_jax.model.st5 import SentenceT5, abstract_params
+
+# TensorFlow (and jax2tf, which imports it) only inside the functions that run it: the
+# checkpoint loader imports this module to detect and configure every model format, and
+# TensorFlow takes seconds to import.
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +98,7 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
 
 def load_flat(path: str | os.PathLike) -> tuple[ST5Config, dict[str, np.ndarray]]:
   """Config and unscanned, T5X-named float32 arrays read from the SavedModel's variables."""
-  import tensorflow as tf  # the checkpoint reader only; no graph is loaded or traced.
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (the checkpoint reader only; no graph is traced)
 
   config = read_config(path)
   meta = read_metadata(path)
@@ -112,11 +121,7 @@ def _check_vocab(vocab_file: str, config: ST5Config) -> bytes:
 
 def _jax_forward(config: ST5Config, names: Sequence[str], platforms: Sequence[str]):
   """The tower as a TF-callable `(list of param tensors, tokens_BxL) -> emb_BxD`."""
-  import jax
-  from jax.experimental import jax2tf
-
-  from st5_jax.checkpoints import tree
-  from st5_jax.model.st5 import SentenceT5
+  from jax.experimental import jax2tf  # pylint: disable=g-import-not-at-top  (TensorFlow: see the note above `log`)
 
   model = SentenceT5(config)
   # fp32 exports promise fp32 results everywhere (e.g. no TF32 matmuls on GPUs).
@@ -133,8 +138,8 @@ def _jax_forward(config: ST5Config, names: Sequence[str], platforms: Sequence[st
 
 def _build_module(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], names: Sequence[str],
                   vocab_proto: bytes, staged: pathlib.Path, platforms: Sequence[str], consume: bool):
-  import tensorflow as tf
-  import tensorflow_text as tf_text
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (TensorFlow: see the note above `log`)
+  import tensorflow_text as tf_text  # pylint: disable=g-import-not-at-top  (TensorFlow: see the note above `log`)
 
   forward = _jax_forward(config, names, platforms)
   dim = config.output_dim
@@ -221,11 +226,7 @@ def export(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], vocab_fi
   `consume=True` removes arrays from `flat` as their variables are made, so the host
   holds one copy of the weights (an 11B model is 44 GB in float32).
   """
-  import flax.linen as nn
-  import tensorflow as tf
-
-  from st5_jax.checkpoints import tree
-  from st5_jax.model.st5 import abstract_params
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (TensorFlow: see the note above `log`)
 
   out = pathlib.Path(out)
   if out.exists():
@@ -288,8 +289,8 @@ class SavedModelEncoder(encode_options.EncodeAliases):
   """
 
   def __init__(self, path: str | os.PathLike, *, batch_size: int = 64):
-    import tensorflow as tf
-    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops before loading)
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top  (TensorFlow: see the note above `log`)
+    import tensorflow_text  # noqa: F401  pylint: disable=g-import-not-at-top  (registers the SentencePiece ops)
 
     self.path = str(path)
     local = paths.local_dir(path)  # TensorFlow's loader reads local files (gs:// is copied once)
@@ -325,7 +326,6 @@ class SavedModelEncoder(encode_options.EncodeAliases):
     order = np.argsort([-len(t) for t in texts], kind="stable")
     progress = None
     if show_progress:
-      from tqdm import tqdm
       progress = tqdm(total=len(texts), desc="encode", unit="sent")
     for start in range(0, len(texts), batch_size):
       idx = order[start:start + batch_size]
