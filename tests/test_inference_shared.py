@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import pathlib
+
 import pytest
 import sentencepiece as spm
 
@@ -31,7 +34,7 @@ def test_every_user_imports_the_one_definition():
   assert savedmodel.length_buckets is inference.length_buckets
   assert encoder.length_bucket is in_training.length_bucket is inference.length_bucket
   assert encoder.default_dtype is inference.default_dtype
-  assert vocabulary.EXTRA_IDS is vocab.EXTRA_IDS and vocabulary.get_vocabulary().extra_ids == vocab.EXTRA_IDS
+  assert vocabulary.get_vocabulary().extra_ids == vocab.EXTRA_IDS
   assert inference.default_dtype() == "float32"  # the tests run on CPU
 
 
@@ -40,3 +43,18 @@ def test_t5_vocabulary_check_is_shared(vocab_path):
   vocab.check_t5(sp, where="v", vocab_size=32128)
   with pytest.raises(ValueError, match="pieces but the model embeds only 384 ids"):
     vocab.check_t5(sp, where="v", vocab_size=384)
+
+
+def test_each_shared_name_is_defined_once_in_the_package():
+  """A second definition (a copy in the SavedModel or data code) fails here, not in a drift bug later."""
+  shared = {"EXTRA_IDS", "EOS_ID", "MIN_LENGTH_BUCKET", "MIN_BUCKET", "_EOS_ID", "length_bucket", "length_buckets",
+            "default_dtype", "check_t5"}
+  where = {}
+  for f in sorted((pathlib.Path(__file__).resolve().parents[1] / "st5_jax").rglob("*.py")):
+    for node in ast.parse(f.read_text(encoding="utf-8")).body:
+      names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else [
+          t.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)]
+      for name in set(names) & shared:
+        where.setdefault(name, []).append(f.name)
+  assert {k: v for k, v in where.items() if len(v) > 1} == {}
+  assert where["length_bucket"] == where["default_dtype"] == ["inference.py"] and where["EXTRA_IDS"] == ["vocab.py"]
