@@ -27,20 +27,20 @@ class TaskSpec:
   files: str  # what the number is computed from, relative to the data folder.
 
 
-def _sts_year(year: int):
+def _sts(read: Callable, *, per_subset: bool):
   def build(root, *, kfold: int = 10):
     del kfold
-    data = readers.read_sts(root, year=year)
-    return data.sents1 + data.sents2, lambda embed: sts.evaluate_pairs(data, embed, per_subset=True)
+    data = read(root)
+    return data.sents1 + data.sents2, lambda embed: sts.evaluate_pairs(data, embed, per_subset=per_subset)
   return build
+
+
+def _sts_year(year: int):
+  return _sts(lambda root: readers.read_sts(root, year=year), per_subset=True)
 
 
 def _stsb(split: str):
-  def build(root, *, kfold: int = 10):
-    del kfold
-    data = readers.read_stsb(root, split=split)
-    return data.sents1 + data.sents2, lambda embed: sts.evaluate_pairs(data, embed, per_subset=False)
-  return build
+  return _sts(lambda root: readers.read_stsb(root, split=split), per_subset=False)
 
 
 def _sick(root, *, kfold: int = 10):
