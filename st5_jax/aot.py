@@ -10,17 +10,21 @@ XLA's cost analysis counts a scanned layer body only once.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import time
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.experimental import topologies
 
 from st5_jax import flops as flops_lib
 from st5_jax import partitioning, train
 from st5_jax.features import LABELS
+from st5_jax.model.st5 import abstract_params
 
 GIB = 1024 ** 3
 
@@ -69,8 +73,6 @@ def topology_for_slice(slice_name: str) -> str:
 
 def get_topology(topology: str):
   """TopologyDescription for e.g. 'v4:4x4x8' (needs libtpu; no TPU hardware)."""
-  from jax.experimental import topologies
-
   # libtpu guards TPU hardware with a lockfile; a compile-only client on a CPU host
   # must neither take it from, nor wait for, other JAX processes, nor ask for GCE metadata.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -215,12 +217,6 @@ def _oom_as_memory_stats(message: str) -> _OomStats | None:
 
 def compile_for_devices(spec, devices, *, name: str, topology: str, utilisation: float = 0.5) -> AotReport:
   """Compiles `spec`'s train step for `devices` (real, or from a topology description)."""
-  import math
-
-  import flax.linen as nn
-
-  from st5_jax.model.st5 import abstract_params
-
   mesh = partitioning.make_mesh(spec.mesh, devices=devices)
   tc = spec.train_config
   setup = train.build(spec.model, tc, mesh, spec.rules)

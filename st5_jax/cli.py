@@ -102,14 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                    epilog="Errors print one line and exit 2; --debug (anywhere) shows their traceback.")
   parser.add_argument("--debug", action="store_true", help="Show tracebacks of user errors too.")
   sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-  for name, module_name in COMMANDS.items():
-    try:
-      module = importlib.import_module(f"st5_jax.commands.{module_name}")
-    except ModuleNotFoundError as e:
-      if e.name == f"st5_jax.commands.{module_name}":
-        continue  # not built yet in this checkout
-      raise
-    module.register(sub)
+  for module_name in COMMANDS.values():
+    importlib.import_module(f"st5_jax.commands.{module_name}").register(sub)
   return parser
 
 

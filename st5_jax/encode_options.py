@@ -49,7 +49,7 @@ def encode(encode_list: Callable[[list[str], int | None, bool], np.ndarray], tex
     emb_NxD = (emb_NxD / np.maximum(norms_N, 1e-12)).astype(np.float32)
   if convert_to_tensor:
     try:
-      import torch  # pylint: disable=g-import-not-at-top
+      import torch  # pylint: disable=g-import-not-at-top  (optional; seconds to import, only for tensors)
     except ImportError as e:
       raise ImportError("convert_to_tensor=True returns a torch.Tensor and needs torch installed; "
                         "use the default (a numpy array) otherwise.") from e

@@ -9,7 +9,7 @@
 `load` returns an `mteb.models.abs_encoder.AbsEncoder` (which supplies `similarity` /
 `similarity_pairwise`) with a filled-in `ModelMeta` (`mteb_model_meta`): without one,
 mteb substitutes an empty meta whose loader raises. `local_tasks` builds mteb tasks from
-the local evaluation data (../shared/data layout: STS-B, STS12-16, SICK-R) that run
+the local evaluation data (`st5 data prepare` layout: STS-B, STS12-16, SICK-R) that run
 without network access, the way mteb's own mock tasks do. Needs the `mteb` extra.
 """
 
@@ -20,10 +20,16 @@ import os
 import pathlib
 from typing import Any
 
+import jax
 import numpy as np
+
+from st5_jax.checkpoints import loader
+from st5_jax.encoder import SentenceEncoder
+from st5_jax.evaluation import readers
 
 try:
   import mteb as _mteb
+  from datasets import Dataset, DatasetDict  # mteb's own dependency
   from mteb.abstasks.sts import AbsTaskSTS
   from mteb.abstasks.task_metadata import TaskMetadata
   from mteb.models.abs_encoder import AbsEncoder
@@ -45,7 +51,6 @@ def _num_params(encoder) -> int | None:
   params = getattr(encoder, "params", None)
   if params is None:
     return None
-  import jax  # pylint: disable=g-import-not-at-top
   return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
 
 
@@ -67,8 +72,6 @@ def model_meta(encoder, *, path: str, name: str | None = None, revision: str | N
 
 def _revision(path) -> str:
   """mteb keys its result cache by revision: the checkpoint step of a work dir, else "local"."""
-  from st5_jax.checkpoints import loader  # pylint: disable=g-import-not-at-top
-
   try:
     step = loader.model_step(path, loader.detect_format(path))
   except (OSError, ValueError):
@@ -96,8 +99,6 @@ class SentenceT5Encoder(AbsEncoder):
 def load(path: str | os.PathLike, *, name: str | None = None, revision: str | None = None,
          license: str | None = "apache-2.0", **load_kwargs) -> SentenceT5Encoder:
   """An mteb encoder for `path`; `load_kwargs` go to SentenceEncoder.load (pooling, vocab, max_length, ...)."""
-  from st5_jax.encoder import SentenceEncoder  # pylint: disable=g-import-not-at-top
-
   path = os.fspath(path)
   encoder = SentenceEncoder.load(path, **load_kwargs)
   return wrap(encoder, path=path, name=name, revision=revision, license=license, load_kwargs=load_kwargs,
@@ -128,8 +129,6 @@ def _local_sts_task(mteb_name: str, read, *, reference: str, min_score: float, m
 
   def load_data(self, num_proc: int | None = None, **kwargs) -> None:
     del num_proc, kwargs
-    from datasets import Dataset, DatasetDict  # pylint: disable=g-import-not-at-top
-
     if getattr(self, "data_loaded", False):
       return
     data = read(self.data_dir)
@@ -149,8 +148,6 @@ def _local_sts_task(mteb_name: str, read, *, reference: str, min_score: float, m
 
 
 def _tasks():
-  from st5_jax.evaluation import readers  # pylint: disable=g-import-not-at-top
-
   out = {
       "STSBenchmark": _local_sts_task("STSBenchmark", lambda d: readers.read_stsb(d, split="test"),
                                       reference="https://ixa2.si.ehu.eus/stswiki/index.php/STSbenchmark",

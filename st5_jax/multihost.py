@@ -7,6 +7,9 @@ import logging
 import os
 from typing import Any, Callable
 
+import jax
+from orbax.checkpoint import multihost as ocp_multihost
+
 log = logging.getLogger(__name__)
 
 _BARRIER_IDS = itertools.count()
@@ -20,8 +23,6 @@ def maybe_initialize() -> None:
   JAX_NUM_PROCESSES and JAX_PROCESS_ID name it (`launch/tpu_run.sh --local-pod N` and
   the multi-process tests do this).
   """
-  import jax
-
   if os.environ.get("JAX_COORDINATOR_ADDRESS") or os.environ.get("ST5_MULTIHOST") == "1":
     if os.environ.get("JAX_PLATFORMS", "").startswith("cpu"):
       # CPU processes reach each other's devices through gloo (tests, CPU clusters).
@@ -40,9 +41,6 @@ def maybe_initialize() -> None:
 
 def barrier(name: str, *, timeout_s: int = 3600) -> None:
   """Every process waits here (a coordination-service barrier: no device collective)."""
-  import jax
-  from orbax.checkpoint import multihost as ocp_multihost
-
   if jax.process_count() == 1:
     return
   ocp_multihost.get_barrier_sync_fn()(key=f"st5:{name}:{next(_BARRIER_IDS)}", timeout_ms=timeout_s * 1000)

@@ -22,9 +22,11 @@ from typing import Any, Mapping, Sequence
 import flax.linen as nn
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from st5_jax import optim
+from st5_jax.data import geometry
 
 MESH_AXES = ("data", "fsdp", "model")
 BATCH_AXES = ("data", "fsdp")
@@ -83,7 +85,6 @@ def make_mesh(config: MeshConfig = MeshConfig(), devices: Sequence[jax.Device] |
   auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
   if len(devices) > 1 and devices[0].platform != "cpu":
     try:  # topology-aware device order on TPU/GPU slices (also compile-only AOT devices)
-      from jax.experimental import mesh_utils
       return Mesh(mesh_utils.create_device_mesh(shape, devices=devices), MESH_AXES, axis_types=auto)
     except Exception:  # noqa: BLE001  (fall back to the plain order)
       pass
@@ -96,7 +97,6 @@ def num_batch_shards(mesh: Mesh) -> int:
 
 def check_batch_size(global_batch_size: int, mesh: Mesh) -> None:
   """The batch over BATCH_AXES and the processes; the data side's check (one rule, one place)."""
-  from st5_jax.data import geometry  # pylint: disable=g-import-not-at-top  (imports only JAX)
   geometry.check_global_batch_size(global_batch_size, mesh=mesh, data_axes=BATCH_AXES)
 
 

@@ -23,6 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from st5_jax.checkpoints import loader, tree
 from st5_jax.configs import SeedEncoderConfig, ST5Config
 from st5_jax.features import SEED_DECODER_TARGETS, SEED_ENCODER_INPUTS, SEED_WEAK_DECODER_TARGETS
 from st5_jax.model import weak_decoder
@@ -119,8 +120,6 @@ def load_pretrained(path: str, *, model_config: ST5Config, seed_config: SeedEnco
   enc_mean model) -- the whole T5 decoder start fresh when the checkpoint has none of
   their arrays. A part present only in pieces, or with other shapes, is refused.
   """
-  from st5_jax.checkpoints import loader, tree  # pylint: disable=g-import-not-at-top
-
   fmt = loader.detect_format(path)
   stored, flat = loader.read_flat(path, fmt)
   t = model_config.t5

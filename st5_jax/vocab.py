@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2 as pb
 
 from st5_jax import paths
 
@@ -87,8 +88,6 @@ def model_proto_from_tokenizer_json(data: dict[str, Any] | str | bytes, *, where
   them on top of the vocabulary too). Normalisation: the precompiled charsmap, the
   dummy prefix and whitespace collapsing of the Metaspace / WhitespaceSplit steps.
   """
-  from sentencepiece import sentencepiece_model_pb2 as pb  # pylint: disable=g-import-not-at-top
-
   if not isinstance(data, dict):
     data = json.loads(data)
   model = data.get("model") or {}
@@ -152,6 +151,15 @@ def model_proto(path: paths.PathLike) -> bytes:
   return raw
 
 
+def check_t5(sp: spm.SentencePieceProcessor, *, where: str, vocab_size: int | None = None) -> None:
+  """Refuses a SentencePiece model that is not T5's (pad 0, EOS 1) or has ids past `vocab_size`."""
+  if sp.pad_id() != PAD_ID or sp.eos_id() != EOS_ID:
+    raise ValueError(f"{where} is not a T5 vocabulary: pad={sp.pad_id()} eos={sp.eos_id()}, "
+                     f"expected pad={PAD_ID} eos={EOS_ID}.")
+  if vocab_size is not None and sp.get_piece_size() > vocab_size:
+    raise ValueError(f"{where} has {sp.get_piece_size()} pieces but the model embeds only {vocab_size} ids")
+
+
 @functools.lru_cache(maxsize=8)
 def _processor(path: str) -> spm.SentencePieceProcessor:
   return spm.SentencePieceProcessor(model_proto=model_proto(path))
@@ -163,9 +171,7 @@ class Tokenizer:
   def __init__(self, path: str):
     self.path = path
     self.sp = _processor(path)
-    if self.sp.pad_id() != PAD_ID or self.sp.eos_id() != EOS_ID:
-      raise ValueError(f"{path} is not a T5 vocabulary: pad={self.sp.pad_id()} eos={self.sp.eos_id()}, "
-                       f"expected pad={PAD_ID} eos={EOS_ID}.")
+    check_t5(self.sp, where=path)
 
   @classmethod
   def from_config(cls, explicit=None, *, model_dir=None) -> "Tokenizer":

@@ -15,6 +15,7 @@ import re
 from typing import Any, Mapping
 
 import numpy as np
+from safetensors import safe_open
 
 from st5_jax import paths
 from st5_jax.configs import T5Config
@@ -158,7 +159,6 @@ def read_state_dict(folder: str | os.PathLike, *, prefix: str = "") -> dict[str,
   folder = pathlib.Path(folder)
   files = sorted(folder.glob("*.safetensors"))
   if files:
-    from safetensors import safe_open
     out = {}
     for f in files:
       # The "flax" framework reads bfloat16 too, which plain numpy cannot.
@@ -173,7 +173,7 @@ def read_state_dict(folder: str | os.PathLike, *, prefix: str = "") -> dict[str,
   bins = sorted(folder.glob("pytorch_model*.bin"))
   if bins:
     try:
-      import torch
+      import torch  # pylint: disable=g-import-not-at-top  (optional and slow to import: .bin folders only)
     except ImportError as e:
       raise ImportError(f"{bins[0]} is a PyTorch file; reading it needs torch (`pip install torch`), "
                         "or convert the folder to safetensors.") from e

@@ -25,6 +25,7 @@ import jax
 from st5_jax import paths
 from st5_jax.checkpoints import hf, native, sentence_transformers, t5x, tree
 from st5_jax.configs import ST5Config
+from st5_jax.export import savedmodel
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,6 @@ def read_flat(path: paths.PathLike, fmt: str) -> tuple[ST5Config, dict[str, Any]
   if fmt == "native":
     return native.load_flat(path)
   if fmt == "savedmodel":
-    from st5_jax.export import savedmodel  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
     return savedmodel.load_flat(local_folder(path))
   if fmt == "sentence_transformers":
     config, flat, _ = sentence_transformers.load_folder(local_folder(path))

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from st5_jax import paths
+from st5_jax import paths, vocab
 from st5_jax.checkpoints.tree import flatten, unstack_layers
 from st5_jax.configs import ST5Config
 
@@ -51,7 +51,6 @@ def write_config(directory: paths.PathLike, config: ST5Config) -> None:
 
 
 def copy_vocab(directory: paths.PathLike, vocab_file: str) -> None:
-  from st5_jax import vocab  # pylint: disable=g-import-not-at-top
   dst = paths.join(directory, VOCAB_FILE)
   if not paths.exists(dst):
     paths.write_bytes(dst, vocab.model_proto(vocab_file))  # a tokenizer.json is converted

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from st5_jax.configs import ST5Config
+from st5_jax.model.st5 import abstract_params, init_params
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +113,6 @@ def assemble(config: ST5Config, flat: Mapping[str, np.ndarray], *, source: str,
   `abstract_fn` / `init_fn` (boxed abstract tree; rng -> boxed parameters) assemble
   another model's tree instead (the seed_encoder objective's pre-training model).
   """
-  from st5_jax.model.st5 import abstract_params, init_params  # model imports jax; keep lazy
-
   abstract_fn = abstract_fn or (lambda: abstract_params(config))
   init_fn = init_fn or (lambda key: init_params(config, key))
   abstract = flatten(nn.unbox(abstract_fn()))

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import os
+import sys
+
+from st5_jax.commands.train import gin_overrides, parse_gin
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,17 +25,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-  import json
-  import logging
-  import os
-  import sys
-
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
   logging.getLogger("absl").setLevel(logging.ERROR)
 
-  from st5_jax import aot, gin_config
-  from st5_jax.commands.train import gin_overrides, parse_gin
+  # After the environment above (libtpu reads it), and not at the top: they import JAX.
+  from st5_jax import aot, gin_config  # pylint: disable=g-import-not-at-top
 
   # The fit does not depend on the weights: never require or read run.init_from.
   parse_gin(args.gin_file, ["run.init_from = None", *gin_overrides(args.extra)])

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
 
+from st5_jax import paths
 from st5_jax.cli import UsageError
 
 
@@ -16,12 +18,13 @@ def register(subparsers) -> None:
   sub = parser.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
 
   p = sub.add_parser("prepare", help="Get every known dataset (local copy or download) and write what tasks read.",
-                     description="Copy datasets from a local folder laid out like ../shared/data (--source, or "
+                     description="Copy datasets from a local data folder (--source, or "
                                  "$ST5_DATA_DIR) or download them from their canonical URLs (or --base-url), verify "
                                  "sha256, and write OUT/prepared/<task>/<split>.jsonl. Safe to rerun.")
-  p.add_argument("--source", help="local folder laid out like ../shared/data (default: $ST5_DATA_DIR)")
+  p.add_argument("--source", help="local data folder holding the files at the paths docs/data.md lists "
+                                  "(stsb/, glue/, ...; default: $ST5_DATA_DIR)")
   p.add_argument("--out", help="output data folder (default: $ST5_DATA_DIR); use it as ST5_DATA_DIR afterwards")
-  p.add_argument("--base-url", help="download from this mirror (laid out like ../shared/data) instead of the "
+  p.add_argument("--base-url", help="download from this mirror (same relative paths as a data folder) instead of the "
                                     "canonical URLs")
   p.add_argument("--datasets", help="comma-separated dataset names (default: all core datasets, plus optional "
                                     "ones found locally); see `st5 data list`")
@@ -105,9 +108,11 @@ def _prepare(args) -> int:
 
 
 def _list(args) -> int:
-  from st5_jax.data import catalog  # pylint: disable=g-import-not-at-top
-  from st5_jax.data import tasks  # pylint: disable=g-import-not-at-top
+  # The data modules inside each subcommand, not at the top: `st5 --help` imports this module
+  # (the readers alone add ~0.1 s; seqio and the task registry import TensorFlow).
   import seqio  # pylint: disable=g-import-not-at-top
+
+  from st5_jax.data import catalog, tasks  # pylint: disable=g-import-not-at-top
   datasets = [{"name": d.name, "files": len(d.files), "optional": d.optional, "local_only": d.local_only,
                "description": d.description, "note": d.note} for d in catalog.DATASETS.values()]
   task_rows = [{"name": n, "splits": list(seqio.get_mixture_or_task(n).splits),
@@ -127,7 +132,7 @@ def _list(args) -> int:
 
 
 def _nli_triples(args) -> int:
-  from st5_jax.data import builders  # pylint: disable=g-import-not-at-top
+  from st5_jax.data import builders  # pylint: disable=g-import-not-at-top  (see _list)
   from st5_jax.data.rows import BadRowError, InputFileError, RowStats  # pylint: disable=g-import-not-at-top
   stats = RowStats()
   try:
@@ -144,9 +149,7 @@ def _nli_triples(args) -> int:
 
 
 def _overlap(args) -> int:
-  import importlib  # pylint: disable=g-import-not-at-top
-
-  from st5_jax import paths  # pylint: disable=g-import-not-at-top
+  # The evaluation readers and the task registry (TensorFlow): see _list.
   from st5_jax.data import overlap, tasks  # noqa: F401  pylint: disable=g-import-not-at-top
   for module in args.module:
     importlib.import_module(module)

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import io
+import sys
+import time
 
+from st5_jax import paths
 from st5_jax.configs import POOLINGS
 
 
@@ -24,15 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-  import sys
-  import time
+  # numpy and the encoder (JAX) here, not at the top: `st5 --help` imports this module.
+  import numpy as np  # pylint: disable=g-import-not-at-top
 
-  import io
-
-  import numpy as np
-
-  from st5_jax import paths
-  from st5_jax.encoder import SentenceEncoder
+  from st5_jax.encoder import SentenceEncoder  # pylint: disable=g-import-not-at-top
 
   if args.input == "-":
     lines = sys.stdin.read().splitlines()

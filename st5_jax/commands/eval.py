@@ -8,8 +8,11 @@ to the table and plots without re-running them.
 from __future__ import annotations
 
 import argparse
+import logging
 import pathlib
+import sys
 
+from st5_jax import paths
 from st5_jax.configs import POOLINGS
 
 
@@ -29,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                  "datasets cache). Results go under \"mteb\" in the results JSON.")
   p.add_argument("--mteb_output", default=None, help="Also keep mteb's own per-task result files here.")
   p.add_argument("--data_dir", default=None,
-                 help="Public data folder (layout of ../shared/data; default $ST5_DATA_DIR).")
+                 help="Public data folder, as `st5 data prepare --out DIR` writes it (default $ST5_DATA_DIR).")
   p.add_argument("--output", required=True, help="Results JSON; the .md and .png files are written beside it.")
   p.add_argument("--compare", default="", help="Earlier results JSON files to show alongside, comma-separated.")
   p.add_argument("--batch_size", type=int, default=64)
@@ -66,7 +69,7 @@ def _load_kwargs(args: argparse.Namespace) -> dict:
 
 def load_sentence_encoder(path: str, args: argparse.Namespace):
   """The SentenceEncoder of a model path (imported only here: `st5 eval --help` stays fast)."""
-  from st5_jax.encoder import SentenceEncoder
+  from st5_jax.encoder import SentenceEncoder  # pylint: disable=g-import-not-at-top  (JAX)
 
   return SentenceEncoder.load(path, **_load_kwargs(args))
 
@@ -78,7 +81,7 @@ def load_encoder(path: str, args: argparse.Namespace):
 
 
 def _run_mteb(enc, path: str, args: argparse.Namespace, names: list[str], data_dir) -> dict:
-  from st5_jax import mteb as st5_mteb
+  from st5_jax import mteb as st5_mteb  # pylint: disable=g-import-not-at-top  (the optional mteb extra)
 
   model = st5_mteb.wrap(enc, path=path, load_kwargs=_load_kwargs(args), batch_size=args.batch_size)
   return st5_mteb.evaluate(model, names, data_dir=data_dir, batch_size=args.batch_size,
@@ -86,11 +89,8 @@ def _run_mteb(enc, path: str, args: argparse.Namespace, names: list[str], data_d
 
 
 def run(args: argparse.Namespace) -> int:
-  import logging
-  import sys
-
-  from st5_jax import paths
-  from st5_jax.evaluation import evaluate, report, resolve_tasks
+  # Not at the top: the harness imports scikit-learn, and `st5 --help` imports this module.
+  from st5_jax.evaluation import evaluate, report, resolve_tasks  # pylint: disable=g-import-not-at-top
 
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
   model_paths = _split(args.model)
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
   tasks = resolve_tasks(task_arg) if task_arg else []  # fails before any model loads on a typo.
   data_dir = paths.data_dir(args.data_dir) if model_paths else None
   if mteb_names and model_paths:
-    from st5_jax import mteb as st5_mteb
+    from st5_jax import mteb as st5_mteb  # pylint: disable=g-import-not-at-top  (the optional mteb extra)
     st5_mteb.get_tasks(mteb_names, data_dir=data_dir)  # unknown names fail before any model loads
 
   models = {}

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import os
 
+from st5_jax.cli import UsageError
 from st5_jax.configs import POOLINGS
+from st5_jax.export import export_model
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,19 +35,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-  import json
-  import logging
-  import os
-  import sys
-
   # Exporting only traces and lowers: never claim an accelerator someone else may be using.
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
   for noisy in ("absl", "orbax", "tensorflow"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
 
-  from st5_jax.export import export_model
-  from st5_jax.export.sentence_transformers import UnsupportedExportError
+  # Here, not at the top: it imports numpy and the checkpoint code, and `st5 --help` imports this module.
+  from st5_jax.export.sentence_transformers import UnsupportedExportError  # pylint: disable=g-import-not-at-top
 
   platforms = tuple(p.strip() for p in args.platforms.split(",") if p.strip())
   try:
@@ -50,7 +50,6 @@ def run(args: argparse.Namespace) -> int:
                            max_length=args.max_length, platforms=platforms, eval_results=args.eval_results,
                            overwrite=args.overwrite)
   except (UnsupportedExportError, FileExistsError) as e:
-    from st5_jax.cli import UsageError
     raise UsageError(str(e)) from e
   print(json.dumps(summary, indent=1))
   return 0

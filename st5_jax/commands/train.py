@@ -7,8 +7,10 @@ receives. The operative config is written to DIR/operative_config.gin.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import pathlib
+import sys
 
 REPO_GIN_DIR = pathlib.Path(__file__).resolve().parents[2] / "gin"
 
@@ -52,12 +54,12 @@ class _QuietIncludes:
 
 def parse_gin(files: list[str], bindings: list[str], search_paths: list[str] = ()) -> None:
   """Registers configurables and parses gin files + bindings (also used by `st5 aot` and tests)."""
-  import logging
+  # gin and gin_config (JAX) here, not at the top: `st5 --help` imports this module.
+  import gin  # pylint: disable=g-import-not-at-top
 
-  import gin
+  from st5_jax import gin_config  # pylint: disable=g-import-not-at-top
 
   logging.getLogger().addFilter(_QuietIncludes())
-  from st5_jax import gin_config
 
   gin.clear_config()
   for path in [*search_paths, str(REPO_GIN_DIR)]:
@@ -75,14 +77,11 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str] = (
 
 
 def run(args: argparse.Namespace) -> int:
-  import logging
-  import sys
-
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
   for noisy in ("absl", "jax._src.xla_bridge", "orbax", "tensorflow"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
 
-  from st5_jax import gin_config, multihost
+  from st5_jax import gin_config, multihost  # pylint: disable=g-import-not-at-top  (JAX; see parse_gin)
 
   multihost.maybe_initialize()
   parse_gin(args.gin_file, gin_overrides(args.extra), args.gin_search_path)

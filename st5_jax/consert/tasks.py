@@ -34,6 +34,7 @@ from typing import Iterator
 import seqio
 import tensorflow as tf
 
+from st5_jax import paths
 from st5_jax.data import builders, config
 from st5_jax.data.rows import InputFileError, RowStats
 from st5_jax.data.vocabulary import get_vocabulary
@@ -57,7 +58,7 @@ PREPROCESSORS = (
 
 def _file_lines(path) -> list[str]:
   if not os.path.isfile(path):
-    raise InputFileError(f"Input file {path} does not exist; is the data folder laid out like ../shared/data?")
+    raise InputFileError(f"Input file {path} does not exist; the data folder should be in {paths.LAYOUT_HINT}.")
   with open(path, encoding="utf-8", newline="") as f:
     text = f.read()
   return [line.rstrip("\r") for line in text.split("\n")][: -1 if text.endswith("\n") else None]

@@ -11,6 +11,8 @@ overlap`). Attributes below are imported lazily so that `import st5_jax.data.row
 does not pull in JAX or TensorFlow.
 """
 
+import importlib
+
 _EXPORTS = {
     "make_train_iterator": "st5_jax.data.iterator",
     "make_local_iterator": "st5_jax.data.iterator",
@@ -31,7 +33,6 @@ _EXPORTS = {
 
 def __getattr__(name):
   if name in _EXPORTS:
-    import importlib  # pylint: disable=g-import-not-at-top
     value = getattr(importlib.import_module(_EXPORTS[name]), name)
     globals()[name] = value
     return value

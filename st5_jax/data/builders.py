@@ -1,6 +1,6 @@
 """Builders that turn the public raw files into examples for the seqio tasks.
 
-Each builder reads files laid out as ../shared/data (or `st5 data prepare --out`),
+Each builder reads files in the data folder `st5 data prepare --out DIR` writes,
 returns a list of examples (dicts of `inputs`, `targets`, optionally
 `negative_targets`, plus `source` = `file:line` provenance) and records rows read,
 skipped and filtered in a `RowStats`. The same builders write the prepared JSONL
@@ -10,6 +10,7 @@ give the same examples in the same order.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import os
@@ -60,7 +61,7 @@ def _path(data_dir: os.PathLike | str, rel: str) -> str:
   if not paths.exists(path):
     raise InputFileError(
         f"Input file {path} does not exist. Run `st5 data prepare --out {data_dir}` (or point ST5_DATA_DIR "
-        f"at a folder laid out like ../shared/data that has {rel}).")
+        f"at a folder that has {rel}: {paths.LAYOUT_HINT}).")
   if paths.size(path) == 0:
     raise InputFileError(f"Input file {path} is empty.")
   return path
@@ -521,7 +522,6 @@ def build_nli_triples(paths: Sequence[str], *, stats: RowStats, strict: bool = F
 
 def write_simcse_csv(triples: Iterable[dict[str, str]], path: str) -> int:
   """Writes triples as SimCSE's `sent0,sent1,hard_neg` CSV; returns the row count."""
-  import csv  # pylint: disable=g-import-not-at-top
   n = 0
   pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
   tmp = f"{path}.tmp"

@@ -1,12 +1,13 @@
 """The public datasets the project knows: files, sha256 and where to download them.
 
-Files are listed in the layout of ../shared/data (DATA.md), with the sha256 recorded
-there. Each file has canonical URLs, tried in order: the dataset's own upstream
-location (an archive member is written `archive_url#member`) and then the public
-repository copy DATA.md names, which has exactly these bytes. Files derived or
-rebuilt for this project have no public copy with the same bytes: they are
-local-only (`urls=()`), obtainable from a local folder (--source) or a mirror
-(--base-url). Extras are optional large files whose checksum is not known here.
+Files are listed by their path inside the data folder (the layout `st5 data prepare
+--out` writes), with the sha256 the datasets' DATA.md records. Each file has canonical
+URLs, tried in order: the dataset's own upstream location (an archive member is written
+`archive_url#member`) and then the public repository copy DATA.md names, which has
+exactly these bytes. Files derived or rebuilt for this project have no public copy with
+the same bytes: they are local-only (`urls=()`), obtainable from a local folder
+(--source) or a mirror (--base-url). Extras are optional large files whose checksum is
+not known here.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def github(repo: str, commit: str, path: str) -> str:
   return f"https://github.com/{repo}/raw/{commit}/{urllib.parse.quote(path)}"
 
 
-# sha256 of every file, copied from ../shared/data/DATA.md.
+# sha256 of every file, copied from the development data's DATA.md.
 CHECKSUMS: dict[str, dict[str, str]] = {
     "glue": {
         "glue/CoLA/dev.tsv": "2dc8ae5dafcf3a46fa4d4215cd4882c7d05c17e5a7696de4f9c32b29286a530c",
@@ -362,7 +363,7 @@ DATASETS: dict[str, Dataset] = {d.name: d for d in [
              note="reconstructed: differs from the official dev-v1.1.json (answer_start offsets): local-only"),
     _dataset("qatar_living_2016", "SemEval-2016 Task 3 Qatar Living CQA, cleaned CSV (subtasks A, B, C)"),
     _dataset("qatar_living_2015", "SemEval-2015 Task 3 Qatar Living CQA, English XML (dev, test, trial)"),
-    # Optional: not in ../shared/data; checksums unknown here (--trust-unverified records them).
+    # Optional: not in the development data; checksums unknown here (--trust-unverified records them).
     Dataset("simcse_nli", "SimCSE's nli_for_simcse.csv: the paper's 275K SNLI+MNLI triples",
             (RemoteFile("nli/nli_for_simcse.csv", None, (
                 "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/resolve/main/nli_for_simcse.csv",)),),

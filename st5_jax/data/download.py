@@ -1,7 +1,7 @@
 """Getting dataset files: from a local folder, a mirror or canonical URLs, checksum-verified.
 
 `fetch_file` tries, in order: the copy already in the output folder, a local source
-folder laid out like ../shared/data, then downloads (a mirror `base_url` laid out
+folder in the data layout (files at their catalog relpaths), then downloads (a mirror `base_url` laid out
 the same way, or the file's canonical URLs). A file is only ever written under its
 final name after its sha256 matched, so an interrupted or corrupt download never
 looks like a good file. When everything fails, the error names the file, every
@@ -194,8 +194,8 @@ class Fetcher:
       tried.append("no public URL with identical bytes (derived or reconstructed file: local-only)")
     raise FetchError(
         f"Cannot get {f.relpath}. Tried:\n  - " + "\n  - ".join(tried) +
-        f"\nPut a copy at {dest}, or in a folder laid out like ../shared/data and pass it as --source "
-        "(or ST5_DATA_DIR), or pass --base-url to a mirror with that layout.")
+        f"\nPut a copy at {dest}, or at {f.relpath} inside another folder and pass that folder as --source "
+        "(or ST5_DATA_DIR), or pass --base-url to a mirror with the same relative paths.")
 
   def _fetch_member(self, url: str, dest: str, expected: str | None) -> str:
     archive_url, member = url.split("#", 1)

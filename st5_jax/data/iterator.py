@@ -28,6 +28,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import jax
 import numpy as np
 import seqio
+from jax.experimental import multihost_utils
 
 from st5_jax.data import convert, dedup as dedup_lib, geometry, mixing, streams as streams_lib
 from st5_jax.data.geometry import DataConfigError
@@ -245,7 +246,6 @@ class BatchIterator:
     # Every process must stop at the same step or the collective of the last step hangs.
     if jax.process_count() == 1 or self.mesh is None:
       return local
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     return int(np.min(multihost_utils.process_allgather(np.asarray([local]))))
 
   # --- iteration --------------------------------------------------------------
@@ -295,7 +295,6 @@ class BatchIterator:
     """Every reader's cursors (a collective on several processes: all call get_state at the same step)."""
     flat = np.asarray([self.reader_id] + [x for c in cursors for x in c], np.int64)
     if self.mesh is not None and jax.process_count() > 1:
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       rows = np.asarray(multihost_utils.process_allgather(flat)).reshape(-1, flat.size)
     else:
       rows = flat[None]
@@ -400,6 +399,7 @@ class BatchIterator:
 def get_provider(name: str) -> seqio.DatasetProviderBase:
   """A registered task or mixture (importing st5_jax.data.tasks and st5_jax.consert.tasks
   registers the st5_* and consert_* ones)."""
+  # Registered on first use, not when this module is imported (the contract of st5_jax.data).
   from st5_jax.consert import tasks as _consert  # noqa: F401  pylint: disable=g-import-not-at-top
   from st5_jax.data import tasks as _  # noqa: F401  pylint: disable=g-import-not-at-top
   try:

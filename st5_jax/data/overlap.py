@@ -24,6 +24,12 @@ import re
 import unicodedata
 from typing import Iterable, Iterator, Mapping, Sequence
 
+import seqio
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+from st5_jax.evaluation import harness
+
 log = logging.getLogger("st5_jax.data")
 # Bump when what counts as overlap changes (prepared files are then rebuilt).
 DECONTAMINATION_VERSION = 1
@@ -37,7 +43,6 @@ def normalize(text: str) -> str:
 
 def evaluation_sets(names: str | Sequence[str] = "all") -> list[str]:
   """Evaluation task names (suites and aliases as `st5 eval --tasks`; 'all' includes STS-B dev)."""
-  from st5_jax.evaluation import harness  # pylint: disable=g-import-not-at-top
   if names == "all" or names == ["all"]:
     return list(harness.TASKS)
   return harness.resolve_tasks(names)
@@ -45,7 +50,6 @@ def evaluation_sets(names: str | Sequence[str] = "all") -> list[str]:
 
 @functools.lru_cache(maxsize=4)
 def _evaluation_texts(data_dir: str, names: tuple[str, ...]) -> tuple[dict[str, frozenset[str]], tuple[str, ...]]:
-  from st5_jax.evaluation import harness  # pylint: disable=g-import-not-at-top
   out, missing = {}, []
   for name in names:
     try:
@@ -106,7 +110,6 @@ def decontaminate_tf(ds, features: Sequence[str], *, data_dir: str):
   Normalises in TF (NFKC, UTF-8 lower case, letters and digits), which equals `normalize`
   for all but rare characters whose lower case differs between Python and ICU.
   """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   table = _tf_table(str(data_dir))
   if table is None:
     return ds
@@ -119,15 +122,12 @@ def decontaminate_tf(ds, features: Sequence[str], *, data_dir: str):
 
 
 def _normalize_tf(text):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tensorflow_text as tf_text  # pylint: disable=g-import-not-at-top
   text = tf.strings.lower(tf_text.normalize_utf8(text, "NFKC"), encoding="utf-8")
   return tf.strings.regex_replace(text, r"[^\p{L}\p{N}]", "")
 
 
 @functools.lru_cache(maxsize=2)
 def _tf_table(data_dir: str):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   sets = evaluation_texts(data_dir)
   warn_missing("(TFDS-backed)", data_dir, missing_evaluation_sets(data_dir))
   keys = sorted(set().union(*sets.values()))
@@ -143,8 +143,7 @@ def _tf_table(data_dir: str):
 def task_texts(task_name: str, split: str) -> Iterator[str]:
   """Every text of a task split: raw rows for this project's sources, else seqio's
   preprocessed examples decoded with the task's vocabularies (untruncated)."""
-  import seqio  # pylint: disable=g-import-not-at-top
-  from st5_jax.data import sources  # pylint: disable=g-import-not-at-top
+  from st5_jax.data import sources  # pylint: disable=g-import-not-at-top  (import cycle: sources imports overlap)
   task = seqio.get_mixture_or_task(task_name)
   if isinstance(task.source, sources.ExampleSource):
     for ex in task.source.iter_examples(split):
@@ -172,7 +171,6 @@ class Overlap:
 def find_overlaps(tasks: Iterable[str], *, data_dir: str, evaluations: str | Sequence[str] = "all",
                   split: str = "train", show: int = 3) -> tuple[list[Overlap], list[str]]:
   """Overlaps of every task (mixtures expanded) with every evaluation set; and the sets not found."""
-  import seqio  # pylint: disable=g-import-not-at-top
   sets = evaluation_texts(data_dir, evaluations)
   missing = list(missing_evaluation_sets(data_dir, evaluations))
   names = []

@@ -1,7 +1,7 @@
 """`st5 data prepare`: get every known dataset and write what the tasks read.
 
 Output layout (OUT):
-  OUT/<raw files, laid out like ../shared/data>     copied or downloaded, sha256-verified
+  OUT/<raw files at catalog relpaths: stsb/, glue/...> copied or downloaded, sha256-verified
   OUT/prepared/<task>/<split>.jsonl                 one example per line: inputs, targets,
                                                     [negative_targets], source (file:line)
   OUT/prepared/MANIFEST.json                        checksums, row counts, skipped rows
@@ -22,8 +22,12 @@ import os
 import sys
 from typing import Sequence
 
+import seqio
+from tqdm import tqdm
+
 from st5_jax.data import builders as builders_lib
 from st5_jax.data import catalog
+from st5_jax.data import overlap
 from st5_jax.data import download as download_lib
 from st5_jax.data import sources as sources_lib
 from st5_jax.data.rows import BadRowError, InputFileError
@@ -146,8 +150,6 @@ def _select(datasets: Sequence[str] | None, out_dir: str, source_dir: str | None
 def _progress_factory(enabled: bool):
   if not enabled:
     return lambda name: None
-  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-
   def factory(name):
     bar = {}
 
@@ -183,7 +185,6 @@ def prepare(*, out_dir: str, source_dir: str | None = None, base_url: str | None
   all_files = [(name, f) for name in names for f in catalog.DATASETS[name].files]
   bar = None
   if progress:
-    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
     bar = tqdm(total=len(all_files), desc="files", unit="file", file=sys.stderr)
   try:
     for name in names:
@@ -221,8 +222,10 @@ def prepare(*, out_dir: str, source_dir: str | None = None, base_url: str | None
 def _write_tfds(out_dir: str, prepared: str, task_reports: list[TaskReport], *,
                 progress: bool) -> list[tuple[str, str, str, str]]:
   """TFDS datasets of every task whose splits are all prepared; rebuilt when a split was rebuilt."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (TFDS only when asked)
-  from st5_jax.data import tfds_builders  # pylint: disable=g-import-not-at-top
+  # TFDS (seconds to import) only with --tfds.
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  from st5_jax.data import tfds_builders  # pylint: disable=g-import-not-at-top  (imports TFDS)
   if not progress:
     tfds.disable_progress_bar()
   by_task: dict[str, list[TaskReport]] = {}
@@ -242,7 +245,6 @@ def _write_tfds(out_dir: str, prepared: str, task_reports: list[TaskReport], *,
 
 def _fingerprint(manifest: dict, dataset_names: Sequence[str]) -> str:
   inputs = {n: manifest["datasets"].get(n, {}) for n in (*dataset_names, *catalog.EVALUATION_DATASETS)}
-  from st5_jax.data import overlap  # pylint: disable=g-import-not-at-top
   blob = json.dumps({"format": sources_lib.PREPARED_FORMAT_VERSION, "builders": builders_lib.BUILDERS_VERSION,
                      "decontamination": overlap.DECONTAMINATION_VERSION, "inputs": inputs}, sort_keys=True)
   return hashlib.sha256(blob.encode()).hexdigest()
@@ -250,8 +252,8 @@ def _fingerprint(manifest: dict, dataset_names: Sequence[str]) -> str:
 
 def _build_tasks(out_dir: str, prepared: str, manifest: dict, ready: set[str], *, strict: bool,
                  progress: bool) -> list[TaskReport]:
-  import seqio  # pylint: disable=g-import-not-at-top
-  from st5_jax.data import tasks as _  # noqa: F401  pylint: disable=g-import-not-at-top  (registers them)
+  # Registered when first needed, as st5_jax.data.iterator does, not when this module is imported.
+  from st5_jax.data import tasks as _  # noqa: F401  pylint: disable=g-import-not-at-top
   jobs = []
   for task_name, needed in catalog.TASK_DATASETS.items():
     if not set(needed) <= ready:
@@ -259,7 +261,6 @@ def _build_tasks(out_dir: str, prepared: str, manifest: dict, ready: set[str], *
     source = seqio.get_mixture_or_task(task_name).source
     jobs += [(task_name, split, source, needed) for split in source.splits]
   if progress and jobs:
-    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
     jobs_iter = tqdm(jobs, desc="prepare tasks", unit="split", file=sys.stderr)
   else:
     jobs_iter = jobs

@@ -41,7 +41,7 @@ import tensorflow as tf
 from st5_jax import paths
 from st5_jax.data import builders as builders_lib
 from st5_jax.data import span_corruption as sc
-from st5_jax.data import sources, tfds_tasks, vocabulary
+from st5_jax.data import registry, sources, tfds_tasks, vocabulary
 from st5_jax.data.rows import RowStats
 
 QA_TEXT = "st5_seed_qa_text"
@@ -189,7 +189,6 @@ def seed_user_text(file_pattern=None, skip_header_lines: int = 0):
 
 
 def _resolve_user_text() -> dict[str, str | Sequence[str]]:
-  from st5_jax.data import registry  # pylint: disable=g-import-not-at-top
   pattern = seed_user_text()["file_pattern"] or os.environ.get(USER_TEXT_ENV)
   if not pattern:
     raise ValueError(f"Task {USER_TEXT} has no input files: bind st5_jax.data.seed_user_text.file_pattern in gin "

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from st5_jax import paths
 from st5_jax.data import builders as builders_lib
-from st5_jax.data import config
+from st5_jax.data import config, overlap
 from st5_jax.data.rows import InputFileError, RowFormat, RowReader, RowStats
 
 PREPARED_FORMAT_VERSION = 1
@@ -178,7 +178,6 @@ class PublicSource(ExampleSource):
     stats = RowStats(max_reported=config.options().max_reported)
     built = self._builders[split](data_dir, stats=stats, strict=strict)
     if decontaminate:
-      from st5_jax.data import overlap  # pylint: disable=g-import-not-at-top  (evaluation readers)
       built.examples, built.evaluation_sets_missing = overlap.decontaminate(
           built.examples, self.features, data_dir=data_dir, stats=built.stats)
       overlap.warn_missing(self.name, data_dir, built.evaluation_sets_missing)

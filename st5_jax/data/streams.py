@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import numpy as np
 import seqio
 
-from st5_jax.data import convert
+from st5_jax.data import convert, feature_converters
 from st5_jax.data import sources as sources_lib
 from st5_jax.data.geometry import DataConfigError
 from st5_jax.data.rows import RowStats
@@ -104,6 +104,14 @@ class TaskStream:
       return 1, 0
     return divmod(position, self.epoch_size)
 
+  def _end_epoch(self, epoch: int, n: int) -> bool:
+    """Records that `epoch` ended after n examples; whether another epoch follows."""
+    if n == 0:
+      raise DataConfigError(self._empty_message())
+    self.epoch_size = n
+    self._finished = (epoch, n)
+    return self.repeat
+
   def resume_cursor(self) -> tuple[int, int]:
     """The cursor, moved past an epoch that is known to be finished (so resuming skips nothing)."""
     epoch, offset = self.cursor
@@ -179,11 +187,7 @@ class NumpyStream(TaskStream):
         if n > offset:  # resuming skips here, before any tokenisation
           self.cursor = (epoch, n)
           yield ex
-      if n == 0:
-        raise DataConfigError(self._empty_message())
-      self.epoch_size = n
-      self._finished = (epoch, n)
-      if not self.repeat:
+      if not self._end_epoch(epoch, n):
         return
       epoch, offset = epoch + 1, 0
 
@@ -208,7 +212,6 @@ class SeqioStream(TaskStream):
 
   def __init__(self, task: seqio.Task, *, layout: convert.BatchLayout, **kwargs):
     super().__init__(task, **kwargs)
-    from st5_jax.data import feature_converters  # pylint: disable=g-import-not-at-top
     self.layout = layout
     self.converter = feature_converters.DualEncoderFeatureConverter(layout=layout)
     self.shard_info = seqio.ShardInfo(self.reader_id, self.num_readers) if self.num_readers > 1 else None
@@ -247,11 +250,7 @@ class SeqioStream(TaskStream):
         size = len(next(iter(chunk.values())))
         yield epoch, n, chunk
         n += size
-      if n == 0:
-        raise DataConfigError(self._empty_message())
-      self.epoch_size = n
-      self._finished = (epoch, n)
-      if not self.repeat:
+      if not self._end_epoch(epoch, n):
         return
       epoch, offset = epoch + 1, 0
 

@@ -32,7 +32,7 @@ import os
 import seqio
 import tensorflow as tf
 
-from st5_jax.data import builders, config, vocabulary
+from st5_jax.data import builders, config, overlap, vocabulary
 
 SNLI_TRIPLES = "st5_tfds_snli_triples"
 MULTI_NLI_TRIPLES = "st5_tfds_multi_nli_triples"
@@ -220,7 +220,6 @@ def decontaminated(features):
   def preprocess(ds):
     if not config.options().decontaminate:
       return ds
-    from st5_jax.data import overlap  # pylint: disable=g-import-not-at-top
     return overlap.decontaminate_tf(ds, features, data_dir=config.data_dir())
 
   return preprocess

@@ -12,8 +12,7 @@ import seqio
 
 from st5_jax import paths
 from st5_jax.data import config
-
-EXTRA_IDS = 100
+from st5_jax.vocab import EXTRA_IDS
 
 
 class T5Vocabulary(seqio.SentencePieceVocabulary):

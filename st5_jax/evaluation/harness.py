@@ -9,6 +9,7 @@ import time
 from typing import Callable, Sequence
 
 import numpy as np
+import sklearn
 
 from st5_jax import paths
 from st5_jax.evaluation import geometry, readers, sentglue, sts, transfer
@@ -26,20 +27,20 @@ class TaskSpec:
   files: str  # what the number is computed from, relative to the data folder.
 
 
-def _sts_year(year: int):
+def _sts(read: Callable, *, per_subset: bool):
   def build(root, *, kfold: int = 10):
     del kfold
-    data = readers.read_sts(root, year=year)
-    return data.sents1 + data.sents2, lambda embed: sts.evaluate_pairs(data, embed, per_subset=True)
+    data = read(root)
+    return data.sents1 + data.sents2, lambda embed: sts.evaluate_pairs(data, embed, per_subset=per_subset)
   return build
+
+
+def _sts_year(year: int):
+  return _sts(lambda root: readers.read_sts(root, year=year), per_subset=True)
 
 
 def _stsb(split: str):
-  def build(root, *, kfold: int = 10):
-    del kfold
-    data = readers.read_stsb(root, split=split)
-    return data.sents1 + data.sents2, lambda embed: sts.evaluate_pairs(data, embed, per_subset=False)
-  return build
+  return _sts(lambda root: readers.read_stsb(root, split=split), per_subset=False)
 
 
 def _sick(root, *, kfold: int = 10):
@@ -126,7 +127,7 @@ def evaluate(encode: Encode, tasks: str | Sequence[str] = "all", data_dir=None, 
   Args:
     encode: list of strings -> np.ndarray [N, D]; any encoder.
     tasks: names of tasks or suites (see `TASKS`, `SUITES`).
-    data_dir: folder laid out like ../shared/data (default $ST5_DATA_DIR).
+    data_dir: the data folder `st5 data prepare --out DIR` writes (default $ST5_DATA_DIR; docs/data.md).
     kfold: folds of SentEval's cross-validations (SentEval's standard setting is 10).
     cache: an EmbeddingCache to reuse across calls; by default a new one over `encode`.
     chunk_size: texts per `encode` call.
@@ -157,7 +158,6 @@ def evaluate(encode: Encode, tasks: str | Sequence[str] = "all", data_dir=None, 
     results[name] = result
     main = result.get("main")
     log.info("%s: %s in %.1fs", name, "-" if main is None else f"{main:.2f}", result["seconds"])
-  import sklearn
   meta = {
       "data_dir": str(root), "kfold": kfold, "tasks": names, "n_texts": len(set(texts)), "dim": cache.dim,
       "encode_seconds": cache.encode_seconds, "total_seconds": time.perf_counter() - start,

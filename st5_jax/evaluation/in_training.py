@@ -19,7 +19,7 @@ from jax.sharding import Mesh
 from st5_jax import multihost, partitioning
 from st5_jax import vocab as vocab_lib
 from st5_jax.configs import ST5Config
-from st5_jax.encoder import length_bucket
+from st5_jax.inference import length_bucket
 from st5_jax.evaluation.sts import sts_dev_spearman
 from st5_jax.model.st5 import SentenceT5
 

@@ -1,4 +1,4 @@
-"""Readers for the evaluation data, laid out as ../shared/data (see its DATA.md).
+"""Readers for the evaluation data, in the folder `st5 data prepare --out DIR` writes (docs/data.md).
 
 Every reader takes the data folder and returns plain lists and arrays in file order.
 Texts are whitespace-normalised (`" ".join(s.split())`, as SentEval's split/join

@@ -141,9 +141,11 @@ def _split(models) -> str:
 
 def plot_tasks(models: Mapping[str, dict], path: str | os.PathLike) -> bool:
   """Horizontal grouped bars of each task's headline number, one panel per suite."""
-  import matplotlib
+  # matplotlib only when a plot is drawn: importing pyplot at module level would choose the
+  # importing program's backend; Agg is chosen here, just before.
+  import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   tasks = [t for t in _task_names(models) if TASKS[t].suite in ("sts", "transfer", "sentglue")]
   suites = [s for s in ("sts", "transfer", "sentglue") if any(TASKS[t].suite == s for t in tasks)]
@@ -197,10 +199,10 @@ SINGLE_VALUE_HALF_RANGE = 1.0
 
 def align_uniform_figure(models: Mapping[str, dict]):
   """The alignment/uniformity figure (matplotlib Agg), or None when no model has AlignUniform."""
-  import matplotlib
+  import matplotlib  # pylint: disable=g-import-not-at-top  (see plot_tasks)
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  from matplotlib.ticker import ScalarFormatter
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from matplotlib.ticker import ScalarFormatter  # pylint: disable=g-import-not-at-top
 
   points = [(name, r["tasks"]["AlignUniform"], r.get("summary", {}).get("sts", {}))
             for name, r in models.items() if "AlignUniform" in r.get("tasks", {})]
@@ -238,7 +240,7 @@ def align_uniform_figure(models: Mapping[str, dict]):
 
 def plot_align_uniform(models: Mapping[str, dict], path: str | os.PathLike) -> bool:
   """Alignment vs uniformity, one point per model (the paper's figure); colour = STS mean."""
-  import matplotlib.pyplot as plt
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (see plot_tasks)
 
   fig = align_uniform_figure(models)
   if fig is None:

@@ -10,6 +10,7 @@ import time
 from typing import Any, Sequence
 
 from st5_jax import paths
+from st5_jax.export import FORMATS, model_card, savedmodel, sentence_transformers, source
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +25,6 @@ def export_model(model: paths.PathLike, *, format: str, out: paths.PathLike,  # 
   checkpoint's; `platforms` are the SavedModel's lowering targets (default cpu, cuda, tpu);
   `eval_results` are `st5 eval` results files quoted in the model card.
   """
-  from st5_jax.export import FORMATS, model_card, source
-
   if format not in FORMATS:
     raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
   out_path = os.fspath(paths.path(out))  # local or gs://
@@ -40,7 +39,6 @@ def export_model(model: paths.PathLike, *, format: str, out: paths.PathLike,  # 
   start = time.perf_counter()
   src = source.load_source(model, vocab=vocab, pooling=pooling, max_length=max_length)
   if format == "sentence-transformers":
-    from st5_jax.export import sentence_transformers
     if src.config.pooling == "layer_attention":
       # sentence-transformers pools only the last layer: export the removed-at-inference
       # form, and say so in the model card.
@@ -65,13 +63,11 @@ def export_model(model: paths.PathLike, *, format: str, out: paths.PathLike,  # 
       shutil.rmtree(staging)
     flat, src.flat = src.flat, {}  # the exporter consumes the arrays (one copy of the weights)
     if format == "savedmodel":
-      from st5_jax.export import savedmodel
       meta = {"source": src.path, "source_format": src.format, "step": src.step}
       stats = savedmodel.export(config=src.config, flat=flat, vocab_file=src.vocab_file, out=staging,
                                 platforms=tuple(platforms or savedmodel.DEFAULT_PLATFORMS),
                                 metadata=meta, consume=True)
     else:
-      from st5_jax.export import sentence_transformers
       stats = sentence_transformers.export(config=src.config, flat=flat, vocab_file=src.vocab_file, out=staging)
     del flat
     model_card.write(staging, card, export_format=format, name=name)

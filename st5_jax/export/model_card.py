@@ -16,7 +16,7 @@ import pathlib
 import re
 from typing import Any, Sequence
 
-from st5_jax import configs, paths
+from st5_jax import __version__, configs, paths
 from st5_jax.checkpoints import native
 from st5_jax.configs import ST5Config
 
@@ -219,7 +219,6 @@ st5_jax: `SentenceEncoder.load("{name}")`, or `st5 encode --model {name} ...`.
 
 def render(info: CardInfo, *, export_format: str, name: str = ".") -> str:
   """The card's Markdown (with Hugging Face-style front matter)."""
-  from st5_jax import __version__
 
   cfg = info.config
   library = "sentence-transformers" if export_format == "sentence-transformers" else "tensorflow"

@@ -35,10 +35,21 @@ import tempfile
 import time
 from typing import Any, Mapping, MutableMapping, Sequence
 
+import flax.linen as nn
+import jax
 import numpy as np
+import sentencepiece as spm
+from tqdm import tqdm
 
-from st5_jax import encode_options, paths
+from st5_jax import encode_options, paths, vocab
+from st5_jax.checkpoints import tree
 from st5_jax.configs import ST5Config
+from st5_jax.inference import length_buckets
+from st5_jax.model.st5 import SentenceT5, abstract_params
+
+# TensorFlow (and jax2tf, which imports it) only inside the functions that run it: the
+# checkpoint loader imports this module to detect and configure every model format, and
+# TensorFlow takes seconds to import.
 
 log = logging.getLogger(__name__)
 
@@ -53,21 +64,8 @@ TOKENS_KEY = "tokens"
 # StableHLO lowered for all three lets one SavedModel serve on TF CPU, GPU and TPU builds;
 # the runtime picks the lowering of the device it runs on.
 DEFAULT_PLATFORMS = ("cpu", "cuda", "tpu")
-# Smallest padded length; then powers of two up to max_length (as SentenceEncoder pads), so
-# TF compiles the XlaCallModule for a handful of lengths instead of every batch maximum.
-MIN_LENGTH_BUCKET = 8
 # Checkpoint key of the i-th entry of the module's `params` list.
 _VARIABLE_KEY = "params/{}/.ATTRIBUTES/VARIABLE_VALUE"
-_EOS_ID = 1  # st5_jax.vocab.EOS_ID; not imported so this module loads without sentencepiece.
-
-
-def length_buckets(max_length: int) -> list[int]:
-  """Padded lengths the graph uses: 8, 16, ... capped at max_length."""
-  out, b = [], MIN_LENGTH_BUCKET
-  while b < max_length:
-    out.append(b)
-    b *= 2
-  return out + [max_length]
 
 
 def _assets(path: str | os.PathLike) -> pathlib.Path:
@@ -100,7 +98,7 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
 
 def load_flat(path: str | os.PathLike) -> tuple[ST5Config, dict[str, np.ndarray]]:
   """Config and unscanned, T5X-named float32 arrays read from the SavedModel's variables."""
-  import tensorflow as tf  # the checkpoint reader only; no graph is loaded or traced.
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (the checkpoint reader only; no graph is traced)
 
   config = read_config(path)
   meta = read_metadata(path)
@@ -116,27 +114,14 @@ def load_flat(path: str | os.PathLike) -> tuple[ST5Config, dict[str, np.ndarray]
 
 
 def _check_vocab(vocab_file: str, config: ST5Config) -> bytes:
-  import sentencepiece as spm
-
-  from st5_jax import vocab  # pylint: disable=g-import-not-at-top
-
   proto = vocab.model_proto(vocab_file)  # a tokenizer.json becomes a SentencePiece model here
-  sp = spm.SentencePieceProcessor(model_proto=proto)
-  if sp.pad_id() != 0 or sp.eos_id() != _EOS_ID:
-    raise ValueError(f"{vocab_file} is not a T5 vocabulary: pad={sp.pad_id()} eos={sp.eos_id()}, expected 0 and 1")
-  if sp.get_piece_size() > config.t5.vocab_size:
-    raise ValueError(f"{vocab_file} has {sp.get_piece_size()} pieces but the model embeds only "
-                     f"{config.t5.vocab_size} ids")
+  vocab.check_t5(spm.SentencePieceProcessor(model_proto=proto), where=vocab_file, vocab_size=config.t5.vocab_size)
   return proto
 
 
 def _jax_forward(config: ST5Config, names: Sequence[str], platforms: Sequence[str]):
   """The tower as a TF-callable `(list of param tensors, tokens_BxL) -> emb_BxD`."""
-  import jax
-  from jax.experimental import jax2tf
-
-  from st5_jax.checkpoints import tree
-  from st5_jax.model.st5 import SentenceT5
+  from jax.experimental import jax2tf  # pylint: disable=g-import-not-at-top  (TensorFlow: see the note above `log`)
 
   model = SentenceT5(config)
   # fp32 exports promise fp32 results everywhere (e.g. no TF32 matmuls on GPUs).
@@ -153,12 +138,14 @@ def _jax_forward(config: ST5Config, names: Sequence[str], platforms: Sequence[st
 
 def _build_module(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], names: Sequence[str],
                   vocab_proto: bytes, staged: pathlib.Path, platforms: Sequence[str], consume: bool):
-  import tensorflow as tf
-  import tensorflow_text as tf_text
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (TensorFlow: see the note above `log`)
+  import tensorflow_text as tf_text  # pylint: disable=g-import-not-at-top  (TensorFlow: see the note above `log`)
 
   forward = _jax_forward(config, names, platforms)
   dim = config.output_dim
   max_length = config.max_length
+  # Powers of two, as training's in-loop evaluation pads: TF compiles the XlaCallModule for
+  # a handful of lengths instead of every batch maximum.
   buckets = length_buckets(max_length)
 
   class SentenceT5Module(tf.Module):
@@ -195,7 +182,7 @@ def _build_module(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], n
       """int32 [batch, L]: pieces truncated to max_length - 1, EOS, zero padding to a bucket."""
       pieces = self.tokenizer.tokenize(inputs)[:, : max_length - 1]
       batch = tf.shape(inputs, out_type=tf.int64)[0]
-      eos = tf.RaggedTensor.from_tensor(tf.fill(tf.stack([batch, 1]), tf.constant(_EOS_ID, tf.int32)))
+      eos = tf.RaggedTensor.from_tensor(tf.fill(tf.stack([batch, 1]), tf.constant(vocab.EOS_ID, tf.int32)))
       tokens = tf.concat([pieces, eos], axis=1)
       longest = tf.reduce_max(tf.concat([tokens.row_lengths(), [1]], axis=0))  # 1 for an empty batch
       bucket_lengths = tf.constant(buckets, tf.int64)
@@ -239,11 +226,7 @@ def export(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], vocab_fi
   `consume=True` removes arrays from `flat` as their variables are made, so the host
   holds one copy of the weights (an 11B model is 44 GB in float32).
   """
-  import flax.linen as nn
-  import tensorflow as tf
-
-  from st5_jax.checkpoints import tree
-  from st5_jax.model.st5 import abstract_params
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (TensorFlow: see the note above `log`)
 
   out = pathlib.Path(out)
   if out.exists():
@@ -306,8 +289,8 @@ class SavedModelEncoder(encode_options.EncodeAliases):
   """
 
   def __init__(self, path: str | os.PathLike, *, batch_size: int = 64):
-    import tensorflow as tf
-    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops before loading)
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top  (TensorFlow: see the note above `log`)
+    import tensorflow_text  # noqa: F401  pylint: disable=g-import-not-at-top  (registers the SentencePiece ops)
 
     self.path = str(path)
     local = paths.local_dir(path)  # TensorFlow's loader reads local files (gs:// is copied once)
@@ -343,7 +326,6 @@ class SavedModelEncoder(encode_options.EncodeAliases):
     order = np.argsort([-len(t) for t in texts], kind="stable")
     progress = None
     if show_progress:
-      from tqdm import tqdm
       progress = tqdm(total=len(texts), desc="encode", unit="sent")
     for start in range(0, len(texts), batch_size):
       idx = order[start:start + batch_size]

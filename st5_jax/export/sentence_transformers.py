@@ -23,8 +23,9 @@ import tempfile
 from typing import Mapping, MutableMapping
 
 import numpy as np
+from safetensors.numpy import save_file
 
-from st5_jax import paths
+from st5_jax import paths, vocab
 from st5_jax.checkpoints import hf
 from st5_jax.configs import ST5Config
 
@@ -70,14 +71,13 @@ def _encoder_state_dict(flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]
 
 
 def _write_tokenizer(out: pathlib.Path, vocab_file: str, max_length: int) -> None:
-  from st5_jax import vocab  # pylint: disable=g-import-not-at-top
   (out / VOCAB_FILE).write_bytes(vocab.model_proto(vocab_file))  # gs:// or a tokenizer.json too
   # Enough for transformers to build the tokenizer from spiece.model on its own.
   (out / "tokenizer_config.json").write_text(json.dumps({
-      "tokenizer_class": "T5Tokenizer", "model_max_length": max_length, "extra_ids": 100,
+      "tokenizer_class": "T5Tokenizer", "model_max_length": max_length, "extra_ids": vocab.EXTRA_IDS,
       "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}, indent=2))
   try:
-    import transformers
+    import transformers  # pylint: disable=g-import-not-at-top  (optional; seconds to import)
   except ImportError:
     return  # tokenizer.json is an optimisation; loaders convert spiece.model themselves.
   tok = transformers.T5Tokenizer.from_pretrained(str(out), model_max_length=max_length)
@@ -87,8 +87,6 @@ def _write_tokenizer(out: pathlib.Path, vocab_file: str, max_length: int) -> Non
 def export(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], vocab_file: str,
            out: str | os.PathLike) -> dict[str, int]:
   """Writes the folder to `out` (which must not exist); returns {"bytes": size}."""
-  from safetensors.numpy import save_file
-
   check_exportable(config)
   out = pathlib.Path(out)
   if out.exists():
