@@ -1,9 +1,11 @@
 """Contrastive training of a Sentence-T5 dual encoder on a device mesh.
 
 One pure `train_step(state, batch)` (jit with explicit in/out shardings, donated
-state) and the loop around it: init or resume, data, checkpoints, metrics, periodic
-STS-B dev evaluation, preemption handling. Everything is configured by arguments;
-gin binds them in st5_jax/commands/train.py.
+state) and the driver around it: init or resume, data, then a loop that steps, asks
+the preemption flag and hands every step to the hooks of st5_jax/hooks.py (NaN guard,
+throughput, metrics via st5_jax/metric_writer.py, progress, periodic STS-B dev
+evaluation with one compiled encoder, checkpoints). Everything is configured by
+arguments; gin binds them in st5_jax/gin_config.py.
 
 Resuming: a work dir that holds a committed checkpoint is restored (params, optimizer
 state, step, data-iterator position), so rerunning the same command after an
@@ -44,7 +46,7 @@ from st5_jax.configs import SeedEncoderConfig, ST5Config
 from st5_jax.consert import objective as consert_objective
 from st5_jax.evaluation import in_training
 from st5_jax.features import LEFT, RIGHT, RIGHT_NEG
-from st5_jax.hooks import NonFiniteLossError
+from st5_jax.hooks import NonFiniteLossError  # noqa: F401  (what train() raises; callers catch train.NonFiniteLossError)
 from st5_jax.metric_writer import MetricWriter
 from st5_jax.model.st5 import SentenceT5, abstract_params
 from st5_jax.optim import OptimizerConfig, logical_axes, make_optimizer
