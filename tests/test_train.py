@@ -368,7 +368,9 @@ def test_sigterm_saves_and_resume_is_exact(tmp_path, vocab_path):
   assert proc.returncode == 143, err.decode()[-3000:]
   assert b"Rerun the same command to resume" in err
   stopped_at = native.load_params(wd)[2]
-  assert 10 <= stopped_at < steps  # saved where it stopped, not at a checkpoint_every boundary only
+  assert 10 <= stopped_at < steps
+  # Saved at the step it stopped at (results.json's last_step), not only at a checkpoint_every boundary.
+  assert stopped_at == json.loads((wd / "results.json").read_text())["last_step"]
 
   subprocess.run(_train_cmd(tmp_path, wd, steps), env=env, check=True, capture_output=True, timeout=600)
   (sa, a), (sb, b) = _params(straight), _params(wd)
