@@ -124,10 +124,10 @@ def agreement(st, enc, texts) -> float:
 def random_batch(*, batch: int, length: int, seed: int = 0):
   import numpy as np
 
-  from st5_jax import train
+  from st5_jax import features
   rng = np.random.default_rng(seed)
   out = {}
-  for k in (train.LEFT, train.RIGHT, train.RIGHT_NEG):
+  for k in (features.LEFT, features.RIGHT, features.RIGHT_NEG):
     v = rng.integers(3, 32000, size=(batch, length)).astype(np.int32)
     for i, n in enumerate(rng.integers(length // 2, length + 1, size=batch)):  # some padding, as real batches
       v[i, n - 1], v[i, n:] = 1, 0  # EOS, then pad
@@ -162,20 +162,20 @@ def time_jax_train(enc, host_batch, *, steps: int) -> dict:
 def time_torch_train(st, host_batch, *, steps: int) -> dict:
   import torch
 
-  from st5_jax import train
+  from st5_jax import features
 
   embed = torch_embed_fn(st)
   st.train()
   params = [p for p in st.parameters() if p.requires_grad]
   opt = torch.optim.AdamW(params, lr=1e-4)
   batch = {k: torch.from_numpy(v).long() for k, v in host_batch.items()}
-  B = batch[train.LEFT].shape[0]
+  B = batch[features.LEFT].shape[0]
   labels_B = torch.arange(B)
 
   def step():
-    q_BxD = embed(batch[train.LEFT])
-    p_BxD = embed(batch[train.RIGHT])
-    n_BxD = embed(batch[train.RIGHT_NEG])
+    q_BxD = embed(batch[features.LEFT])
+    p_BxD = embed(batch[features.RIGHT])
+    n_BxD = embed(batch[features.RIGHT_NEG])
     logits_BxC = q_BxD @ torch.cat([p_BxD, n_BxD]).T * 100.0
     loss = torch.nn.functional.cross_entropy(logits_BxC, labels_B)
     opt.zero_grad(set_to_none=True)

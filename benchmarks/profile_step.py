@@ -110,14 +110,14 @@ def main(argv=None) -> int:
   import jax
   import numpy as np
 
-  from st5_jax import configs, partitioning, train
+  from st5_jax import configs, features, partitioning, train
 
   model = configs.ST5Config(t5=configs.t5_size(args.size, dtype="float32", dropout_rate=0.0), pooling="enc_mean",
                             embedding_dim=args.projection, max_length=args.length)
   tc = train.TrainConfig(num_train_steps=args.steps + 2, global_batch_size=args.batch)
   mesh = partitioning.make_mesh(partitioning.MeshConfig())
   setup = train.build(model, tc, mesh)
-  sides = [train.LEFT, train.RIGHT] + ([] if args.no_negatives else [train.RIGHT_NEG])
+  sides = [features.LEFT, features.RIGHT] + ([] if args.no_negatives else [features.RIGHT_NEG])
   rng = np.random.default_rng(0)
   host = {k: rng.integers(3, 32000, size=(args.batch, args.length)).astype(np.int32) for k in sides}
   for v in host.values():

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax.experimental import topologies
 
 from st5_jax import flops as flops_lib
-from st5_jax import partitioning, train
+from st5_jax import features, partitioning, train
 from st5_jax.features import LABELS
 from st5_jax.model.st5 import abstract_params
 
@@ -183,15 +183,15 @@ def abstract_batch(mesh, global_batch_size: int, lengths: dict[str, int], *,
                        f"(TASK_FEATURE_LENGTHS), got {lengths}")
     return jax.ShapeDtypeStruct((global_batch_size, lengths[key]), jnp.int32, sharding=sharding)
 
-  batch = {train.LEFT: tokens("inputs")}
+  batch = {features.LEFT: tokens("inputs")}
   if objective == "consert_unsup":
     return batch
-  batch[train.RIGHT] = tokens("targets")
+  batch[features.RIGHT] = tokens("targets")
   if objective == "consert_joint":
     batch[LABELS] = jax.ShapeDtypeStruct((global_batch_size,), jnp.int32, sharding=sharding)
     return batch
   if "negative_targets" in lengths:
-    batch[train.RIGHT_NEG] = tokens("negative_targets")
+    batch[features.RIGHT_NEG] = tokens("negative_targets")
   return batch
 
 

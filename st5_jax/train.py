@@ -1,9 +1,11 @@
 """Contrastive training of a Sentence-T5 dual encoder on a device mesh.
 
 One pure `train_step(state, batch)` (jit with explicit in/out shardings, donated
-state) and the loop around it: init or resume, data, checkpoints, metrics, periodic
-STS-B dev evaluation, preemption handling. Everything is configured by arguments;
-gin binds them in st5_jax/commands/train.py.
+state) and the driver around it: init or resume, data, then a loop that steps, asks
+the preemption flag and hands every step to the hooks of st5_jax/hooks.py (NaN guard,
+throughput, metrics via st5_jax/metric_writer.py, progress, periodic STS-B dev
+evaluation with one compiled encoder, checkpoints). Everything is configured by
+arguments; gin binds them in st5_jax/gin_config.py.
 
 Resuming: a work dir that holds a committed checkpoint is restored (params, optimizer
 state, step, data-iterator position), so rerunning the same command after an
@@ -17,12 +19,10 @@ import dataclasses
 import errno
 import json
 import logging
-import math
 import os
 import pathlib
 import shutil
 import signal
-import tempfile
 import time
 from typing import Any, Callable, Mapping, Protocol
 
@@ -32,24 +32,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
+from tqdm import tqdm
 
-from st5_jax import losses, multihost, partitioning, paths
+from st5_jax import grad_cache, losses, multihost, partitioning, paths, seed_encoder
+from st5_jax import hooks as hooks_lib
 from st5_jax import vocab as vocab_lib
 from st5_jax.checkpoints import loader, native
 from st5_jax.configs import SeedEncoderConfig, ST5Config
+from st5_jax.consert import objective as consert_objective
 from st5_jax.evaluation import in_training
-from st5_jax.features import LEFT, RIGHT, RIGHT_NEG  # noqa: F401  (re-exported for callers)
+from st5_jax.features import LEFT, RIGHT, RIGHT_NEG
+from st5_jax.hooks import NonFiniteLossError  # noqa: F401  (what train() raises; callers catch train.NonFiniteLossError)
+from st5_jax.metric_writer import MetricWriter
 from st5_jax.model.st5 import SentenceT5, abstract_params
 from st5_jax.optim import OptimizerConfig, logical_axes, make_optimizer
 
 log = logging.getLogger(__name__)
-
-
-class NonFiniteLossError(RuntimeError):
-  pass
 
 
 class WorkdirWriteError(OSError):
@@ -213,7 +215,9 @@ class DataConfig:
   numpy_path: bool = True
 
   def __call__(self, mesh: Mesh, global_batch_size: int, seed: int) -> BatchIterator:
-    from st5_jax.data import make_train_iterator
+    # Here, not at the top: st5_jax.data imports TensorFlow and seqio (seconds), which the
+    # trainer, `st5 aot` and `st5 bench` do not need unless a run reads seqio data.
+    from st5_jax.data import make_train_iterator  # pylint: disable=g-import-not-at-top
     return make_train_iterator(task=self.task, feature_lengths=dict(self.feature_lengths),
                                global_batch_size=global_batch_size, mesh=mesh,
                                data_axes=partitioning.BATCH_AXES, seed=seed, shuffle=self.shuffle,
@@ -301,7 +305,6 @@ def make_train_step(embed: EmbedFn, tx: optax.GradientTransformation, config: Tr
     if value_and_grad is not None:
       (loss, metrics), grads = value_and_grad(state.params, batch, key)
     elif config.grad_cache_chunks > 1:
-      from st5_jax import grad_cache
       (loss, metrics), grads = grad_cache.value_and_grad(embed, state.params, batch, key,
                                                          chunks=config.grad_cache_chunks, loss_kw=loss_kw)
     else:
@@ -336,7 +339,6 @@ def build(model_config: ST5Config, train_config: TrainConfig, mesh: Mesh,
   """Model, optimizer, abstract state and shardings, and the jitted step (not yet compiled)."""
   partitioning.check_batch_size(train_config.global_batch_size, mesh)
   if train_config.objective == "seed_encoder":
-    from st5_jax import seed_encoder
     model, boxed = seed_encoder.make_model(model_config, train_config.seed_encoder)
   elif train_config.objective in OBJECTIVES:
     model, boxed = SentenceT5(model_config), abstract_params(model_config)
@@ -357,7 +359,6 @@ def build(model_config: ST5Config, train_config: TrainConfig, mesh: Mesh,
   if train_config.objective == "seed_encoder":
     objective_vg = seed_encoder.make_value_and_grad(model=model, boxed_params=boxed, train_config=train_config)
   elif train_config.objective != "st5":
-    from st5_jax.consert import objective as consert_objective
     objective_vg = consert_objective.make_value_and_grad(model=model, boxed_params=boxed,
                                                          train_config=train_config)
   step = make_train_step(make_embed_fn(model, boxed), tx, train_config, schedule, value_and_grad=objective_vg)
@@ -391,7 +392,6 @@ def _abstract_with_shardings(abstract: Any, shardings: Any) -> Any:
 
 def restore_state(mngr, step: int, setup: Setup) -> tuple[TrainState, dict[str, Any]]:
   """Restores a checkpoint onto this run's mesh (which may differ from the one that saved it)."""
-  import orbax.checkpoint as ocp
   target_params = _abstract_with_shardings(setup.abstract_state.params, setup.state_shardings.params)
   target_opt = _abstract_with_shardings(setup.abstract_state.opt_state, setup.state_shardings.opt_state)
   restored = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target_params),
@@ -441,7 +441,6 @@ def _move_aside(mngr, steps: list[int]) -> None:
 
 
 def save_state(mngr, state: TrainState, meta: dict[str, Any], *, force: bool = False) -> None:
-  import orbax.checkpoint as ocp
   mngr.save(int(meta["step"]), args=ocp.args.Composite(params=ocp.args.StandardSave(state.params),
                                                        opt_state=ocp.args.StandardSave(state.opt_state),
                                                        meta=ocp.args.JsonSave(meta)), force=force)
@@ -500,65 +499,17 @@ class TrainResult:
   interrupted_by: str | None
   summary: dict[str, Any]
 
-
 def _is_lead() -> bool:
   return jax.process_index() == 0
 
 
-class _MetricWriter:
-  """metrics.jsonl + TensorBoard (tensorboardX), written by process 0 only.
-
-  On a remote work dir (gs://, no appends) both are written to a local mirror and
-  copied over through the path layer at every checkpoint and at the end.
-  """
-
-  def __init__(self, workdir: epath.Path):
-    self.enabled = _is_lead()
-    self.tb = None
-    self.remote = workdir if paths.is_remote(workdir) else None
-    if self.enabled:
-      local = pathlib.Path(tempfile.mkdtemp(prefix="st5_metrics_")) if self.remote else pathlib.Path(workdir)
-      if self.remote and paths.exists(self.remote / "metrics.jsonl"):
-        (local / "metrics.jsonl").write_bytes(paths.read_bytes(self.remote / "metrics.jsonl"))
-      self.local = local
-      self.jsonl = open(local / "metrics.jsonl", "a", encoding="utf-8")
-      try:
-        from tensorboardX import SummaryWriter
-        self.tb = SummaryWriter(str(local / "tensorboard"))
-      except ImportError:  # pragma: no cover - tensorboardX is a pinned dependency
-        log.warning("tensorboardX missing: no TensorBoard summaries")
-
-  def sync(self) -> None:
-    if not (self.enabled and self.remote):
-      return
-    self.jsonl.flush()
-    if self.tb:
-      self.tb.flush()
-    paths.copy_tree(self.local, self.remote)
-
-  def write(self, step: int, scalars: Mapping[str, float], prefix: str = "train") -> None:
-    if not self.enabled:
-      return
-    row = {"step": step, "time": time.time(), **{f"{prefix}/{k}": float(v) for k, v in scalars.items()}}
-    self.jsonl.write(json.dumps(row) + "\n")
-    self.jsonl.flush()
-    if self.tb:
-      for k, v in scalars.items():
-        self.tb.add_scalar(f"{prefix}/{k}", float(v), step)
-
-  def close(self):
-    if self.enabled:
-      self.sync()
-      self.jsonl.close()
-      if self.tb:
-        self.tb.close()
-      if self.remote:
-        shutil.rmtree(self.local, ignore_errors=True)
-
-
 def make_sts_dev_eval(setup: Setup, model_config: ST5Config, *, data_dir: str | None, vocab_file: str,
                       rules=partitioning.DEFAULT_RULES, batch_size: int = 128) -> Callable[[Any], float | None]:
-  """params -> STS-B dev Spearman x100 (None without data), on the run's mesh; compiled once."""
+  """params -> STS-B dev Spearman x100 (None without data), on the run's mesh.
+
+  Build it once per run and call it at every evaluation: its encoder is compiled once
+  per length bucket on the first call and reused (tests/test_train.py counts compiles).
+  """
   if not data_dir:
     return lambda params: None
   evaluator = in_training.StsDevEvaluator(
@@ -567,10 +518,6 @@ def make_sts_dev_eval(setup: Setup, model_config: ST5Config, *, data_dir: str | 
                                  tokenizer=vocab_lib.Tokenizer(vocab_file), batch_size=batch_size),
       data_dir=data_dir)
   return evaluator
-
-
-def _tokens_per_example(batch: Mapping[str, jax.Array]) -> int:
-  return sum(int(v.shape[1]) for v in batch.values() if v.ndim == 2)  # token features, not [B] labels
 
 
 def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: TrainConfig,
@@ -604,6 +551,19 @@ def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: 
     raise err from e
 
 
+@dataclasses.dataclass(frozen=True)
+class _Run:
+  """What the loop of one invocation works with (built once by `_train`)."""
+
+  setup: Setup
+  config: TrainConfig
+  mngr: Any  # orbax CheckpointManager
+  writer: MetricWriter
+  iterator: BatchIterator
+  sts_dev_eval: Callable[[Any], float | None]
+  progress: bool
+
+
 def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, init_from, init_projection,
            vocab_file, eval_data_dir, rules, progress, run_info, stop_after_steps) -> TrainResult:
   workdir = paths.mkdir(workdir)  # local or gs://
@@ -619,7 +579,7 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
     native.copy_vocab(workdir, vocab_file)
     (workdir / "train_config.json").write_text(json.dumps(dataclasses.asdict(tc), indent=2))
   mngr = native.checkpoint_manager(workdir, max_to_keep=tc.keep_checkpoints, enable_async_checkpointing=True)
-  writer = _MetricWriter(workdir)
+  writer = MetricWriter(workdir, enabled=_is_lead())
   summary_path = workdir / "results.json"
   summary: dict[str, Any] = json.loads(paths.read_text(summary_path)) if summary_path.exists() else {}
   summary.update({"workdir": str(workdir), "num_train_steps": tc.num_train_steps,
@@ -646,14 +606,26 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
         log.info("STS-B dev Spearman before training: %.2f", before)
 
     start_step = int(jax.device_get(state.step))
-    result = _loop(setup, state, iterator, mngr, writer, tc, start_step=start_step, progress=progress,
-                   sts_dev_eval=sts_dev_eval, summary=summary, stop_after_steps=stop_after_steps)
+    end = tc.num_train_steps if stop_after_steps is None else min(tc.num_train_steps, start_step + stop_after_steps)
+    run = _Run(setup=setup, config=tc, mngr=mngr, writer=writer, iterator=iterator, sts_dev_eval=sts_dev_eval,
+               progress=progress)
+    t_start = time.perf_counter()
+    state, step, interrupted, last_metrics = _loop(run, state, start_step=start_step, end=end)
+    mngr.wait_until_finished()
+    summary.update({"last_step": step, "train_seconds_this_run": round(time.perf_counter() - t_start, 1),
+                    "final_metrics": last_metrics, "interrupted_by": interrupted})
+    if step == tc.num_train_steps and interrupted is None:
+      after = sts_dev_eval(state.params)
+      summary["stsb_dev_spearman_after"] = after
+      if after is not None:
+        writer.write(step, {"stsb_dev_spearman": after}, prefix="eval")
+        log.info("STS-B dev Spearman after training: %.2f", after)
   mngr.wait_until_finished()
   mngr.close()
   writer.close()
   if _is_lead():
     paths.write_text(summary_path, json.dumps(summary, indent=2))
-  return result
+  return TrainResult(step=step, interrupted_by=interrupted, summary=summary)
 
 
 def _load_pretrained(path: str, model_config: ST5Config, init_projection: str, seed: int, *,
@@ -662,7 +634,6 @@ def _load_pretrained(path: str, model_config: ST5Config, init_projection: str, s
     raise ValueError(f"init_projection must be 'auto' or 'fresh', got {init_projection!r}")
   if train_config is not None and train_config.objective == "seed_encoder":
     # The pre-training model: T5 decoder and weak decoder kept fresh where the checkpoint lacks them.
-    from st5_jax import seed_encoder
     params, report = seed_encoder.load_pretrained(
         path, model_config=model_config, seed_config=train_config.seed_encoder, rng=jax.random.PRNGKey(seed + 1),
         fresh_projection=(init_projection == "fresh"))
@@ -684,97 +655,48 @@ def _load_pretrained(path: str, model_config: ST5Config, init_projection: str, s
   return params
 
 
-def _check_finite(steps: list[tuple[int, Any, Any]], mngr) -> None:
-  """Raises NonFiniteLossError naming the first step whose loss or gradient norm is not finite.
+def _loop(run: _Run, state: TrainState, *, start_step: int, end: int
+          ) -> tuple[TrainState, int, str | None, dict[str, float]]:
+  """Steps from `start_step` to `end`; returns (state, step, interrupting signal name, last logged metrics)."""
+  tc, iterator = run.config, run.iterator
 
-  Called before every save (a checkpoint step is a log step), so a poisoned state is never saved.
-  """
-  for step, loss, grad_norm in steps:
-    if not (math.isfinite(float(loss)) and math.isfinite(float(grad_norm))):
-      mngr.wait_until_finished()
-      raise NonFiniteLossError(
-          f"Non-finite loss ({float(loss)}) or gradient norm ({float(grad_norm)}) at step {step}; stopping "
-          f"without saving. The last good checkpoint is step {mngr.latest_step()} in "
-          f"{mngr.directory}. Check that step's batch (token ids outside the vocabulary give NaN "
-          "embeddings) and the parameters; lower the learning rate, or use float32 activations.")
+  def save(state_: TrainState, step_: int, *, force: bool) -> None:
+    meta = {"step": step_, "data_state": iterator.get_state(), "seed": tc.seed, "time": time.time()}
+    save_state(run.mngr, state_, meta, force=force)
 
-
-def _loop(setup: Setup, state: TrainState, iterator: BatchIterator, mngr, writer: _MetricWriter,
-          tc: TrainConfig, *, start_step: int, progress: bool, sts_dev_eval: Callable[[Any], float | None],
-          summary: dict[str, Any], stop_after_steps: int | None) -> TrainResult:
-  step = start_step
-  end = tc.num_train_steps if stop_after_steps is None else min(tc.num_train_steps, start_step + stop_after_steps)
   bar = None
-  if progress and _is_lead():
-    from tqdm import tqdm
+  if run.progress and _is_lead():
     bar = tqdm(total=tc.num_train_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
-  t_last, steps_since, examples_since, tokens_since = time.perf_counter(), 0, 0, 0
-  t_start = time.perf_counter()
-  interrupted = None
-  last_metrics: dict[str, float] = {}
+  nan_guard = hooks_lib.NanGuard(run.mngr)
+  throughput = hooks_lib.Throughput(tc.global_batch_size)
+  metrics_hook = hooks_lib.LogMetrics(run.writer, throughput, num_train_steps=tc.num_train_steps, bar=bar,
+                                      lead=_is_lead())
+  logged = (tc.log_every, tc.checkpoint_every)  # a checkpoint step is a logged (and NaN-checked) step
+  hooks = hooks_lib.Hooks()
+  hooks.add_hook(nan_guard.record, every=1)
+  hooks.add_hook(throughput.count, every=1)
+  hooks.add_hook(nan_guard.check, every=logged, at_end=True)
+  hooks.add_hook(metrics_hook, every=logged, at_end=True)
+  if bar is not None:
+    hooks.add_hook(lambda info: bar.update(1), every=1)
+  hooks.add_hook(hooks_lib.PeriodicEval(run.sts_dev_eval, run.writer, skip_step=tc.num_train_steps),
+                 every=tc.eval_every)
+  hooks.add_hook(hooks_lib.Checkpoint(save, run.writer), every=tc.checkpoint_every, at_end=True)
 
-  def meta_for(step_: int) -> dict[str, Any]:
-    return {"step": step_, "data_state": iterator.get_state(), "seed": tc.seed, "time": time.time()}
-
-  step_fn = None
-  unchecked: list[tuple[int, jax.Array, jax.Array]] = []
+  step, interrupted, step_fn = start_step, None, None
   with _StopFlag() as stop:
     while step < end:
       batch = next(iterator)
       if step_fn is None:
-        step_fn = multihost.compile_together(setup.step_fn, state, batch, name="train_step")
+        step_fn = multihost.compile_together(run.setup.step_fn, state, batch, name="train_step")
       state, metrics = step_fn(state, batch)
       step += 1
-      # The loss and gradient norm of every step stay on device until the next log step, so
-      # a non-finite one is reported at the step it happened, not at the step it was seen.
-      unchecked.append((step, metrics["loss"], metrics["grad_norm"]))
-      stopping = stop.should_stop(step)
-      steps_since += 1
-      examples_since += tc.global_batch_size
-      tokens_since += tc.global_batch_size * _tokens_per_example(batch)
-      is_ckpt = step % tc.checkpoint_every == 0 or step == end
-      is_log = step % tc.log_every == 0 or is_ckpt or step == end or stopping
-      if is_log:
-        host = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        _check_finite(jax.device_get(unchecked), mngr)
-        unchecked.clear()
-        now = time.perf_counter()
-        dt = max(now - t_last, 1e-9)
-        host.update(examples_per_sec=examples_since / dt, tokens_per_sec=tokens_since / dt,
-                    steps_per_sec=steps_since / dt)
-        writer.write(step, host)
-        last_metrics = host
-        t_last, steps_since, examples_since, tokens_since = now, 0, 0, 0
-        if bar:
-          bar.set_postfix(loss=f"{host['loss']:.3f}", acc=f"{host['accuracy']:.2f}",
-                          ex_s=f"{host['examples_per_sec']:.0f}", refresh=False)
-        elif _is_lead():  # no progress bar (pods, logs): one line per logged step
-          log.info("step %d/%d: loss %.4f, accuracy %.3f, %.0f examples/s", step, tc.num_train_steps,
-                   host["loss"], host["accuracy"], host["examples_per_sec"])
-      if bar:
-        bar.update(1)
-      if tc.eval_every > 0 and step % tc.eval_every == 0 and step != tc.num_train_steps:
-        score = sts_dev_eval(state.params)
-        if score is not None:
-          writer.write(step, {"stsb_dev_spearman": score}, prefix="eval")
-          log.info("step %d: STS-B dev Spearman %.2f", step, score)
+      stopping = stop.should_stop(step)  # every step, the same step on every process
+      hooks.run(hooks_lib.StepInfo(step=step, state=state, metrics=metrics, batch=batch,
+                                   last=stopping or step == end, stopping=stopping))
       if stopping:
         interrupted = signal.Signals(stop.signum).name
-        save_state(mngr, state, meta_for(step), force=True)
         break
-      if is_ckpt:
-        save_state(mngr, state, meta_for(step))
-        writer.sync()
-  if bar:
+  if bar is not None:
     bar.close()
-  mngr.wait_until_finished()
-  elapsed = time.perf_counter() - t_start
-  summary.update({"last_step": step, "train_seconds_this_run": round(elapsed, 1),
-                  "final_metrics": last_metrics, "interrupted_by": interrupted})
-  if step == tc.num_train_steps and interrupted is None:
-    after = sts_dev_eval(state.params)
-    summary["stsb_dev_spearman_after"] = after
-    if after is not None:
-      writer.write(step, {"stsb_dev_spearman": after}, prefix="eval")
-      log.info("STS-B dev Spearman after training: %.2f", after)
-  return TrainResult(step=step, interrupted_by=interrupted, summary=summary)
+  return state, step, interrupted, metrics_hook.last

@@ -5,7 +5,7 @@ import numpy as np
 
 from st5_jax import partitioning
 from st5_jax.features import LABELS
-from st5_jax.train import LEFT, RIGHT, RIGHT_NEG
+from st5_jax.features import LEFT, RIGHT, RIGHT_NEG
 
 
 class SyntheticPairs:

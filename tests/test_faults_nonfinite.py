@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import synthetic
-from st5_jax import configs, optim, partitioning, train
+from st5_jax import configs, features, optim, partitioning, train
 from st5_jax.checkpoints import native, tree
 
 TINY = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0, vocab_size=384), embedding_dim=16)
@@ -23,7 +23,7 @@ class PoisonedPairs(synthetic.SyntheticPairs):
   def _global_batch(self, i):
     b = super()._global_batch(i)
     if i == self.poison_at:
-      b[train.RIGHT][3, 2] = self.bad_id
+      b[features.RIGHT][3, 2] = self.bad_id
     return b
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import synthetic
-from st5_jax import configs, grad_cache, losses, optim, partitioning, train
+from st5_jax import configs, features, grad_cache, losses, optim, partitioning, train
 from st5_jax.checkpoints import tree
 from st5_jax.model import SentenceT5
 
@@ -17,7 +17,7 @@ CFG = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0, vocab_si
 def _full_grad(model, params, batch, loss_kw):
   def loss_fn(p):
     e = {k: model.apply({"params": p}, v) for k, v in batch.items()}
-    return losses.in_batch_softmax_loss(e[train.LEFT], e[train.RIGHT], e.get(train.RIGHT_NEG), **loss_kw)
+    return losses.in_batch_softmax_loss(e[features.LEFT], e[features.RIGHT], e.get(features.RIGHT_NEG), **loss_kw)
   return jax.value_and_grad(loss_fn, has_aux=True)(params)
 
 
@@ -73,14 +73,14 @@ def test_grad_cache_with_dropout_equals_the_gradient_of_its_masks():
   params = nn.unbox(model.init(jax.random.PRNGKey(0), jnp.ones((1, 4), jnp.int32))["params"])
   loss_kw = dict(temperature=0.01, bidirectional=False, label_smoothing=0.0)
   embed, key, chunks = train.make_embed_fn(model), jax.random.PRNGKey(3), 2
-  sides = (train.LEFT, train.RIGHT, train.RIGHT_NEG)
+  sides = (features.LEFT, features.RIGHT, features.RIGHT_NEG)
 
   def chunked_loss(p):
     e = {}
     for s, k in zip(sides, jax.random.split(key, 3)):
       rows = [embed(p, batch[s][c::chunks], ck) for c, ck in enumerate(jax.random.split(k, chunks))]
       e[s] = jnp.stack(rows, axis=1).reshape(batch[s].shape[0], -1)  # interleave back: row c + chunks * i
-    return losses.in_batch_softmax_loss(e[train.LEFT], e[train.RIGHT], e[train.RIGHT_NEG], **loss_kw)
+    return losses.in_batch_softmax_loss(e[features.LEFT], e[features.RIGHT], e[features.RIGHT_NEG], **loss_kw)
 
   (loss, _), grads = jax.jit(jax.value_and_grad(chunked_loss, has_aux=True))(params)
   (loss_c, _), grads_c = jax.jit(lambda p: grad_cache.value_and_grad(embed, p, batch, key, chunks=chunks,

@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import synthetic
-from st5_jax import configs, optim, partitioning, train
+from st5_jax import configs, features, optim, partitioning, train
 from st5_jax.checkpoints import tree
 
 # ------------------------------------------------------------------ NumPy t5x reference
@@ -350,7 +350,7 @@ def _train_two_steps(model, init_flat, opt_cfg):
     for _ in range(2):
       state, _ = setup.step_fn(state, next(batches))
   params = jax.device_get(state.params)
-  tokens_BxL = synthetic.SyntheticPairs(mesh, 16, 7)._global_batch(0)[train.LEFT]
+  tokens_BxL = synthetic.SyntheticPairs(mesh, 16, 7)._global_batch(0)[features.LEFT]
   emb_BxD = np.asarray(train.SentenceT5(model).apply({"params": params}, jnp.asarray(tokens_BxL)))
   return emb_BxD, {k: np.asarray(v) for k, v in tree.flatten(params).items()}
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import synthetic
-from st5_jax import configs, optim, partitioning, train
+from st5_jax import configs, features, optim, partitioning, train
 from st5_jax.checkpoints import native, tree
 
 TINY = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0, vocab_size=384), embedding_dim=16)
@@ -238,16 +238,60 @@ def _np_stsb_dev_spearman(encoder, data_dir):
   return 100 * scipy.stats.spearmanr(cos, [float(r[4]) for r in rows]).statistic
 
 
-def test_trainer_on_seqio_nli_triples_with_stsb_eval_during_training(tmp_path, vocab_path, data_dir):
+def _count_backend_compiles(fn):
+  """(result of fn(), number of XLA compilations it ran)."""
+  events = []
+
+  def listener(event, secs, **kw):
+    del secs, kw
+    if event == "/jax/core/compile/backend_compile_duration":
+      events.append(event)
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    return fn(), len(events)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def test_sts_dev_eval_compiles_its_encoder_once_across_calls(vocab_path, data_dir):
+  """The periodic STS-B dev evaluation reuses one compiled encoder: a second call compiles nothing."""
+  model = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0), embedding_dim=16, max_length=32)
+  tc = _tc(num_train_steps=4, eval_every=2)
+  mesh = partitioning.make_mesh(partitioning.MeshConfig())
+  setup = train.build(model, tc, mesh)
+  sts_dev_eval = train.make_sts_dev_eval(setup, model, data_dir=str(data_dir), vocab_file=vocab_path)
+  with jax.set_mesh(mesh):
+    params = train.init_state(setup, model, seed=0).params
+    first, compiles_first = _count_backend_compiles(lambda: sts_dev_eval(params))
+    second, compiles_second = _count_backend_compiles(lambda: sts_dev_eval(params))
+  assert compiles_first >= 1  # the counter sees the encoder's compilations (one per length bucket)
+  assert compiles_second == 0
+  assert second == first
+
+
+def test_trainer_on_seqio_nli_triples_with_stsb_eval_during_training(tmp_path, vocab_path, data_dir, monkeypatch):
   """The real tiny NLI task (premise, entailment, contradiction) through the trainer, STS-B dev every 2 steps."""
-  from st5_jax import SentenceEncoder
+  from st5_jax import SentenceEncoder, multihost
   from st5_jax.model import SentenceT5
 
   model = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0), embedding_dim=16, max_length=32)
   data = train.DataConfig(task="st5_snli_devtest_triples", split="all",
                           feature_lengths={"inputs": 32, "targets": 32, "negative_targets": 32})
   tc = _tc(num_train_steps=4, eval_every=2)
+  compiled = []
+  compile_together = multihost.compile_together
+
+  def recording_compile(fn, *args, name, **kw):
+    compiled.append(name)
+    return compile_together(fn, *args, name=name, **kw)
+
+  monkeypatch.setattr(multihost, "compile_together", recording_compile)
   _run(tmp_path, vocab_path, model=model, tc=tc, data=data, eval_data_dir=str(data_dir))
+  # Three evaluations (steps 0, 2, 4), one encoder: each length bucket compiled once for the run.
+  encodes = [n for n in compiled if n.startswith("encode_")]
+  assert encodes and len(encodes) == len(set(encodes)), compiled
+  assert compiled.count("train_step") == 1
   rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   evals = {r["step"]: r["eval/stsb_dev_spearman"] for r in rows if "eval/stsb_dev_spearman" in r}
   assert sorted(evals) == [0, 2, 4]  # before training, every eval_every steps, after the last step
@@ -262,10 +306,10 @@ def test_trainer_on_seqio_nli_triples_with_stsb_eval_during_training(tmp_path, v
   with jax.set_mesh(mesh):
     params = jax.device_get(train.init_state(setup, model, seed=tc.seed).params)
     batch = {k: np.asarray(v) for k, v in next(data(mesh, tc.global_batch_size, tc.seed)).items()}
-  assert set(batch) == {train.LEFT, train.RIGHT, train.RIGHT_NEG}
+  assert set(batch) == {features.LEFT, features.RIGHT, features.RIGHT_NEG}
   emb = {k: np.asarray(SentenceT5(model).apply({"params": params}, v), np.float64) for k, v in batch.items()}
   step1 = next(r["train/loss"] for r in rows if r["step"] == 1 and "train/loss" in r)
-  assert step1 == pytest.approx(_np_in_batch_loss(emb[train.LEFT], emb[train.RIGHT], emb[train.RIGHT_NEG]),
+  assert step1 == pytest.approx(_np_in_batch_loss(emb[features.LEFT], emb[features.RIGHT], emb[features.RIGHT_NEG]),
                                 rel=1e-4)
 
 
@@ -324,7 +368,9 @@ def test_sigterm_saves_and_resume_is_exact(tmp_path, vocab_path):
   assert proc.returncode == 143, err.decode()[-3000:]
   assert b"Rerun the same command to resume" in err
   stopped_at = native.load_params(wd)[2]
-  assert 10 <= stopped_at < steps  # saved where it stopped, not at a checkpoint_every boundary only
+  assert 10 <= stopped_at < steps
+  # Saved at the step it stopped at (results.json's last_step), not only at a checkpoint_every boundary.
+  assert stopped_at == json.loads((wd / "results.json").read_text())["last_step"]
 
   subprocess.run(_train_cmd(tmp_path, wd, steps), env=env, check=True, capture_output=True, timeout=600)
   (sa, a), (sb, b) = _params(straight), _params(wd)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from st5_jax import configs, losses, partitioning, train
+from st5_jax import configs, features, losses, partitioning, train
 from st5_jax.model.st5 import SentenceT5, abstract_params
 
 CFG = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0, vocab_size=384), embedding_dim=16)
@@ -24,7 +24,7 @@ def _tokens(B, L, seed):
 @pytest.mark.parametrize("lengths", [(12, 12, 12), (8, 12, 12), (12, 12, None)])
 def test_embed_towers_equals_one_forward_per_tower(lengths):
   B = 16
-  sides = [train.LEFT, train.RIGHT, train.RIGHT_NEG]
+  sides = [features.LEFT, features.RIGHT, features.RIGHT_NEG]
   batch = {s: _tokens(B, L, i) for i, (s, L) in enumerate(zip(sides, lengths)) if L}
   mesh = partitioning.make_mesh(partitioning.MeshConfig())  # 8 fake devices: batch-sharded
   model = SentenceT5(CFG)
@@ -38,8 +38,8 @@ def test_embed_towers_equals_one_forward_per_tower(lengths):
     with partitioning.with_rules(partitioning.DEFAULT_RULES):
       fused = train.embed_towers(embed, p, b, jax.random.PRNGKey(1))
       single = {s: embed(p, t, jax.random.PRNGKey(2)) for s, t in b.items()}
-      loss_f = losses.in_batch_softmax_loss(fused[train.LEFT], fused[train.RIGHT], fused.get(train.RIGHT_NEG))[0]
-      loss_s = losses.in_batch_softmax_loss(single[train.LEFT], single[train.RIGHT], single.get(train.RIGHT_NEG))[0]
+      loss_f = losses.in_batch_softmax_loss(fused[features.LEFT], fused[features.RIGHT], fused.get(features.RIGHT_NEG))[0]
+      loss_s = losses.in_batch_softmax_loss(single[features.LEFT], single[features.RIGHT], single.get(features.RIGHT_NEG))[0]
       return fused, single, loss_f, loss_s
 
   shard = partitioning.batch_sharding(mesh)
@@ -52,7 +52,7 @@ def test_embed_towers_equals_one_forward_per_tower(lengths):
     np.testing.assert_allclose(np.asarray(fused[s]), np.asarray(single[s]), atol=2e-6, err_msg=s)
   np.testing.assert_allclose(float(loss_f), float(loss_s), rtol=1e-5)
   # The towers really differ (a mix-up of rows or sides would show above).
-  assert not np.allclose(np.asarray(single[train.LEFT]), np.asarray(single[train.RIGHT]), atol=1e-3)
+  assert not np.allclose(np.asarray(single[features.LEFT]), np.asarray(single[features.RIGHT]), atol=1e-3)
 
 
 def test_embed_towers_moves_no_data_between_devices():
@@ -65,7 +65,7 @@ def test_embed_towers_moves_no_data_between_devices():
       lambda x: x.value if hasattr(x, "value") else x, model.init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))[
           "params"], is_leaf=lambda x: hasattr(x, "value")))
   toks = {s: jax.ShapeDtypeStruct((B, L), jnp.int32, sharding=partitioning.batch_sharding(mesh))
-          for s in (train.LEFT, train.RIGHT, train.RIGHT_NEG)}
+          for s in (features.LEFT, features.RIGHT, features.RIGHT_NEG)}
   rep = partitioning.replicated(mesh)
   params_abs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), params_abs)
 
@@ -82,7 +82,7 @@ def test_embed_towers_moves_no_data_between_devices():
 
 def test_step_gradients_equal_one_forward_per_tower():
   B = 8
-  batch = {s: jnp.asarray(_tokens(B, 10, i)) for i, s in enumerate((train.LEFT, train.RIGHT, train.RIGHT_NEG))}
+  batch = {s: jnp.asarray(_tokens(B, 10, i)) for i, s in enumerate((features.LEFT, features.RIGHT, features.RIGHT_NEG))}
   model = SentenceT5(CFG)
   embed = train.make_embed_fn(model)
   params = jax.tree.map(lambda x: x.value if hasattr(x, "value") else x,
@@ -91,11 +91,11 @@ def test_step_gradients_equal_one_forward_per_tower():
 
   def fused(p):
     e = train.embed_towers(embed, p, batch, jax.random.PRNGKey(0))
-    return losses.in_batch_softmax_loss(e[train.LEFT], e[train.RIGHT], e[train.RIGHT_NEG])[0]
+    return losses.in_batch_softmax_loss(e[features.LEFT], e[features.RIGHT], e[features.RIGHT_NEG])[0]
 
   def separate(p):
     e = {s: embed(p, t, jax.random.PRNGKey(0)) for s, t in batch.items()}
-    return losses.in_batch_softmax_loss(e[train.LEFT], e[train.RIGHT], e[train.RIGHT_NEG])[0]
+    return losses.in_batch_softmax_loss(e[features.LEFT], e[features.RIGHT], e[features.RIGHT_NEG])[0]
 
   g_fused, g_sep = jax.jit(jax.grad(fused))(params), jax.jit(jax.grad(separate))(params)
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g_fused), jax.tree.leaves(g_sep)):

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
   import jax
   import numpy as np
 
-  from st5_jax import configs, flops, partitioning, train
+  from st5_jax import configs, features, flops, partitioning, train
   from st5_jax.encoder import default_dtype
 
   dtype = args.dtype or default_dtype()
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
   mesh = partitioning.make_mesh(partitioning.MeshConfig())
   setup = train.build(model, tc, mesh)
   rng = np.random.default_rng(0)
-  sides = [train.LEFT, train.RIGHT] + ([train.RIGHT_NEG] if args.negatives else [])
+  sides = [features.LEFT, features.RIGHT] + ([features.RIGHT_NEG] if args.negatives else [])
   host = {k: rng.integers(3, 32000, size=(args.batch, args.length)).astype(np.int32) for k in sides}
   for v in host.values():
     v[:, -1] = 1

@@ -1,0 +1,171 @@
+"""Hooks of the training loop: what runs every N steps around the train step.
+
+The loop in st5_jax/train.py only steps, asks the preemption flag, and hands each step
+to `Hooks.run` (levanter's `add_hook(fn, every=...)`). A hook runs when the step is a
+multiple of one of its periods, and, with `at_end`, also on the last step of the
+invocation (the end of training, `stop_after_steps`, or a preemption stop). Hooks run
+in the order they were added; the trainer adds them as: NaN-guard bookkeeping,
+throughput, metrics (guard first, so a poisoned step is never logged as good),
+progress, periodic evaluation, checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(RuntimeError):
+  pass
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+  """One finished step: `step` counts steps done (the state's step after the update)."""
+
+  step: int
+  state: Any
+  metrics: Mapping[str, jax.Array]  # still on device
+  batch: Mapping[str, jax.Array]
+  last: bool  # the last step of this invocation (end, stop_after_steps or preemption)
+  stopping: bool  # preempted / interrupted: the run stops after this step
+
+
+@dataclasses.dataclass(frozen=True)
+class Hook:
+  fn: Callable[[StepInfo], None]
+  every: tuple[int, ...]
+  at_end: bool
+
+  def due(self, info: StepInfo) -> bool:
+    return (self.at_end and info.last) or any(n > 0 and info.step % n == 0 for n in self.every)
+
+
+class Hooks:
+  """An ordered list of hooks; `add_hook(fn, every=N)` or `every=(N, M)` (due at multiples of either)."""
+
+  def __init__(self):
+    self.hooks: list[Hook] = []
+
+  def add_hook(self, fn: Callable[[StepInfo], None], *, every: int | Sequence[int], at_end: bool = False) -> None:
+    periods = (every,) if isinstance(every, int) else tuple(every)
+    self.hooks.append(Hook(fn, periods, at_end))
+
+  def run(self, info: StepInfo) -> None:
+    for hook in self.hooks:
+      if hook.due(info):
+        hook.fn(info)
+
+
+class NanGuard:
+  """Raises NonFiniteLossError naming the first step whose loss or gradient norm is not finite.
+
+  `record` (every step) keeps each step's loss and gradient norm on device; `check` (every
+  logged step, and before every save: a checkpoint step is a logged step) fetches them, so
+  a non-finite value is reported at the step it happened, not at the step it was seen, and
+  a poisoned state is never saved.
+  """
+
+  def __init__(self, mngr):
+    self.mngr = mngr
+    self.unchecked: list[tuple[int, jax.Array, jax.Array]] = []
+
+  def record(self, info: StepInfo) -> None:
+    self.unchecked.append((info.step, info.metrics["loss"], info.metrics["grad_norm"]))
+
+  def check(self, info: StepInfo) -> None:
+    del info
+    steps, self.unchecked = jax.device_get(self.unchecked), []
+    for step, loss, grad_norm in steps:
+      if not (math.isfinite(float(loss)) and math.isfinite(float(grad_norm))):
+        self.mngr.wait_until_finished()
+        raise NonFiniteLossError(
+            f"Non-finite loss ({float(loss)}) or gradient norm ({float(grad_norm)}) at step {step}; stopping "
+            f"without saving. The last good checkpoint is step {self.mngr.latest_step()} in "
+            f"{self.mngr.directory}. Check that step's batch (token ids outside the vocabulary give NaN "
+            "embeddings) and the parameters; lower the learning rate, or use float32 activations.")
+
+
+def tokens_per_example(batch: Mapping[str, jax.Array]) -> int:
+  return sum(int(v.shape[1]) for v in batch.values() if v.ndim == 2)  # token features, not [B] labels
+
+
+class Throughput:
+  """Examples, tokens and steps per second since the last logged step."""
+
+  def __init__(self, global_batch_size: int):
+    self.global_batch_size = global_batch_size
+    self._reset(time.perf_counter())
+
+  def _reset(self, now: float) -> None:
+    self.t_last, self.steps, self.examples, self.tokens = now, 0, 0, 0
+
+  def count(self, info: StepInfo) -> None:
+    self.steps += 1
+    self.examples += self.global_batch_size
+    self.tokens += self.global_batch_size * tokens_per_example(info.batch)
+
+  def rates(self) -> dict[str, float]:
+    """The rates since the previous call; starts the next interval."""
+    now = time.perf_counter()
+    dt = max(now - self.t_last, 1e-9)
+    rates = dict(examples_per_sec=self.examples / dt, tokens_per_sec=self.tokens / dt, steps_per_sec=self.steps / dt)
+    self._reset(now)
+    return rates
+
+
+class LogMetrics:
+  """Fetches the step's metrics, adds throughput, writes them (metrics.jsonl, TensorBoard) and shows them."""
+
+  def __init__(self, writer, throughput: Throughput, *, num_train_steps: int, bar=None, lead: bool = True):
+    self.writer, self.throughput, self.bar = writer, throughput, bar
+    self.num_train_steps = num_train_steps
+    self.lead = lead
+    self.last: dict[str, float] = {}
+
+  def __call__(self, info: StepInfo) -> None:
+    host = {k: float(v) for k, v in jax.device_get(info.metrics).items()}
+    host.update(self.throughput.rates())
+    self.writer.write(info.step, host)
+    self.last = host
+    if self.bar is not None:
+      self.bar.set_postfix(loss=f"{host['loss']:.3f}", acc=f"{host['accuracy']:.2f}",
+                           ex_s=f"{host['examples_per_sec']:.0f}", refresh=False)
+    elif self.lead:  # no progress bar (pods, logs): one line per logged step
+      log.info("step %d/%d: loss %.4f, accuracy %.3f, %.0f examples/s", info.step, self.num_train_steps,
+               host["loss"], host["accuracy"], host["examples_per_sec"])
+
+
+class PeriodicEval:
+  """STS-B dev Spearman of the current parameters (one evaluator, compiled once, reused every call)."""
+
+  def __init__(self, evaluate: Callable[[Any], float | None], writer, *, skip_step: int):
+    self.evaluate, self.writer = evaluate, writer
+    self.skip_step = skip_step  # the final step: evaluated once after training instead
+
+  def __call__(self, info: StepInfo) -> None:
+    if info.step == self.skip_step:
+      return
+    score = self.evaluate(info.state.params)
+    if score is not None:
+      self.writer.write(info.step, {"stsb_dev_spearman": score}, prefix="eval")
+      log.info("step %d: STS-B dev Spearman %.2f", info.step, score)
+
+
+class Checkpoint:
+  """Saves the state and the data position; a preemption save is forced (any step)."""
+
+  def __init__(self, save: Callable[..., None], writer):
+    self.save, self.writer = save, writer
+
+  def __call__(self, info: StepInfo) -> None:
+    self.save(info.state, info.step, force=info.stopping)
+    if not info.stopping:
+      self.writer.flush()

@@ -1,0 +1,108 @@
+"""metrics.jsonl + TensorBoard events of a training run, written to the work dir itself.
+
+The work dir may be local or on gs://; every byte goes through the path layer
+(st5_jax/paths.py: gcsfs for gs://, the same client against the rehearsal's emulator).
+GCS objects cannot be appended to, so a remote file is kept whole in memory and the
+object rewritten at each `flush()` (the trainer flushes at every checkpoint and at the
+end; a metrics file is a few hundred bytes per logged step). Local files are appended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Mapping
+
+from tensorboardX import SummaryWriter
+from tensorboardX import record_writer
+
+from st5_jax import paths
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+
+class AppendFile:
+  """An append-only file on any path: local appends, or a remote object rewritten on flush."""
+
+  def __init__(self, path: paths.PathLike):
+    self.path = paths.path(path)
+    self._lock = threading.Lock()  # tensorboardX writes and flushes from its own thread too
+    if paths.is_remote(self.path):
+      self._local = None
+      self._buffer = bytearray(paths.read_bytes(self.path) if paths.exists(self.path) else b"")
+    else:
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+      self._local = open(os.fspath(self.path), "ab")
+
+  def write(self, data: bytes) -> None:
+    with self._lock:
+      if self._local is not None:
+        self._local.write(data)
+      else:
+        self._buffer += data
+
+  def flush(self) -> None:
+    with self._lock:
+      if self._local is not None:
+        self._local.flush()
+      else:
+        paths.write_bytes(self.path, bytes(self._buffer))
+
+  def close(self) -> None:
+    self.flush()
+    if self._local is not None:
+      self._local.close()
+
+
+class _PathLayerRecordWriters:
+  """tensorboardX's writer factory for gs:// event files: the path layer, not google-cloud-storage."""
+
+  def open(self, path: str) -> AppendFile:
+    return AppendFile(path)
+
+  def directory_check(self, path: str) -> None:
+    del path  # object stores need no directories
+
+
+record_writer.register_writer_factory("gs", _PathLayerRecordWriters())
+
+
+class MetricWriter:
+  """Scalars per step to `<workdir>/metrics.jsonl` and `<workdir>/tensorboard/`; a no-op when disabled.
+
+  metrics.jsonl rows: {"step": int, "time": unix seconds, "<prefix>/<name>": float, ...}.
+  Only one process of a multi-process run should write (`enabled=jax.process_index() == 0`).
+  """
+
+  def __init__(self, workdir: paths.PathLike, *, enabled: bool = True):
+    self.enabled = enabled
+    if not enabled:
+      return
+    workdir = paths.path(workdir)
+    self.remote = paths.is_remote(workdir)
+    self.jsonl = AppendFile(workdir / METRICS_FILE)
+    self.tb = SummaryWriter(os.fspath(workdir / TENSORBOARD_DIR))
+
+  def write(self, step: int, scalars: Mapping[str, float], prefix: str = "train") -> None:
+    if not self.enabled:
+      return
+    row = {"step": step, "time": time.time(), **{f"{prefix}/{k}": float(v) for k, v in scalars.items()}}
+    self.jsonl.write((json.dumps(row) + "\n").encode("utf-8"))
+    if not self.remote:  # a local row is on disk at once (a killed run keeps it); remote ones on flush()
+      self.jsonl.flush()
+    for k, v in scalars.items():
+      self.tb.add_scalar(f"{prefix}/{k}", float(v), step)
+
+  def flush(self) -> None:
+    if self.enabled:
+      self.jsonl.flush()
+      self.tb.flush()
+
+  def close(self) -> None:
+    if self.enabled:
+      self.jsonl.close()
+      self.tb.close()
+
