@@ -109,6 +109,59 @@ def parse(files: list[str], bindings: list[str], *, finalize: bool = False) -> N
     raise GinConfigError(_one_line(e)) from e
 
 
+@dataclasses.dataclass(frozen=True)
+class Binding:
+  """One `selector.arg = value` line of a gin file, where it is and what it binds."""
+
+  key: str  # "scope/full.selector.arg" (the configurable's registered selector), or a macro's name
+  configurable: str | None  # the registered selector; None for a macro
+  value: str  # repr of the parsed value
+  file: str
+  line: int
+
+
+def trace(files: list[str], *, search_paths: list[str] | None = None) -> list[Binding]:
+  """Every binding `files` make, in the order gin applies them (an include expands where it stands).
+
+  The last binding of a key is the one a run reads; an earlier one of the same key is overridden.
+  Includes are found as gin finds them (an absolute path, else under each search path in turn;
+  default: gin's search paths). `import` lines are imported, so their configurables resolve.
+  """
+  import importlib  # pylint: disable=g-import-not-at-top
+
+  from gin import config_parser  # pylint: disable=g-import-not-at-top
+
+  register()
+  prefixes = list(search_paths) if search_paths is not None else list(gin.config._LOCATION_PREFIXES)  # pylint: disable=protected-access
+  out: list[Binding] = []
+
+  def find(name: str) -> str:
+    for prefix in [""] if os.path.isabs(name) else prefixes:
+      candidate = os.path.join(prefix, name)
+      if os.path.isfile(candidate):
+        return candidate
+    raise GinConfigError(f"{name}: gin file not found (searched {prefixes})")
+
+  def visit(path: str) -> None:
+    with open(path, encoding="utf-8") as f:
+      parser = config_parser.ConfigParser(f, gin.config.ParserDelegate(skip_unknown=True))
+      for st in parser:
+        if isinstance(st, config_parser.IncludeStatement):
+          visit(find(st.filename))
+        elif isinstance(st, config_parser.ImportStatement):
+          importlib.import_module(st.module)
+        elif isinstance(st, config_parser.BindingStatement):
+          match = gin.config._REGISTRY.get_match(st.selector) if st.arg_name else None  # pylint: disable=protected-access
+          selector = match.selector if match else st.selector
+          key = f"{st.scope + '/' if st.scope else ''}{selector}" + (f".{st.arg_name}" if st.arg_name else "")
+          out.append(Binding(key=key, configurable=match.selector if match else None, value=repr(st.value),
+                             file=path, line=st.location.line_num))
+
+  for f in files:
+    visit(find(f))
+  return out
+
+
 def _where(selector: str, arg: str) -> str:
   """'file:line' of the last binding of selector.arg in the parsed files (else the command line)."""
   pattern = re.compile(rf"^\s*(?:[\w./]*/)?{re.escape(selector)}\.{re.escape(arg)}\s*=")
