@@ -16,6 +16,7 @@ from typing import Any
 import gin
 
 from st5_jax import configs, optim, partitioning, paths, train
+from st5_jax.data import config as data_config
 
 _REGISTERED = False
 
@@ -69,7 +70,6 @@ class RunSpec:
   init_from: str | None
   init_projection: str
   vocab: str | None
-  eval_data_dir: str | None
   rules: Any
   # What the run is sized for, e.g. {"slice": "v4-256", "topology": "v4:4x4x8",
   # "chip_hbm_gib": 32}; read by `st5 aot` and the docs, not by the trainer.
@@ -229,9 +229,12 @@ def _run_spec(*, model: configs.ST5Config = gin.REQUIRED, train_config: train.Tr
              eval_data_dir: str | None = None, rules: Any = partitioning.DEFAULT_RULES,
              target: dict[str, Any] | None = None) -> RunSpec:
   """The run's configuration, as bound by gin (`run.model = @st5_model()`, ...)."""
+  if eval_data_dir is not None:  # a second way to set the data folder, removed 2026-12
+    raise GinConfigError(f"{_where('run', 'eval_data_dir')}: run.eval_data_dir is no longer read: bind "
+                         f"{data_config.GIN_DATA_DIR} = {eval_data_dir!r} (or set {paths.DATA_DIR_ENV}); the "
+                         "evaluation sets, the public tasks and the vocabulary are read from that one folder")
   spec = RunSpec(model=model, train_config=train_config, data=data, mesh=mesh, init_from=init_from,
-                 init_projection=init_projection, vocab=vocab, eval_data_dir=eval_data_dir, rules=rules,
-                 target=target)
+                 init_projection=init_projection, vocab=vocab, rules=rules, target=target)
   return spec
 
 
@@ -261,7 +264,7 @@ def train_from_gin(*, workdir: str, progress: bool = True) -> train.TrainResult:
 
   spec = run_spec()
   vocab_file = paths.vocab_path(spec.vocab)
-  eval_data_dir = spec.eval_data_dir or os.environ.get(paths.DATA_DIR_ENV)
+  eval_data_dir = data_config.data_dir(required=False)  # STS-B dev: the folder the tasks read
   if jax.process_index() == 0:
     paths.write_text(paths.join(workdir, "config.gin"), gin.config_str())
     paths.write_text(paths.join(workdir, "operative_config.gin"), gin.operative_config_str())
