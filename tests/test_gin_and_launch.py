@@ -52,7 +52,7 @@ def test_every_gin_file_parses(name):
     _spec(name)
 
 
-# The paper's recipe (Sentence-T5 section 3, /work/shared/DESIGN.md), written out here rather
+# The paper's recipe (Sentence-T5 section 3), written out here rather
 # than read from gin/runs/*.gin, so an edit to the shared recipe files fails this test.
 PAPER = dict(learning_rate=1e-3, constant_fraction=0.1, temperature=0.01, embedding_dim=768,
              decay_rate=0.8, clipping_threshold=1.0, momentum=None)
