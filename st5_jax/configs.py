@@ -160,7 +160,10 @@ def _t5_1_1(emb, mlp, heads, head_dim, layers) -> T5Config:
                   mlp_activations=("gelu", "linear"), logits_via_embedding=False)
 
 
-# Shapes from the T5 and T5.1.1 releases (../shared/DESIGN.md).
+# Shapes of the released T5 1.0 and T5.1.1 checkpoints (their T5X gin configs; Hugging Face
+# google-t5/t5-* and google/t5-v1_1-*): vocabulary 32128; T5 1.0 ReLU MLP with logits tied to
+# the embedding, T5.1.1 gated GELU with separate logits. The 11B encoder alone is about
+# 4.86B parameters (tests/test_gin_and_launch.py counts it), the encoder-decoder 11.3B.
 SIZES: dict[str, T5Config] = {
     "t5_small": _t5_1_0(512, 2048, 8, 64, 6),
     "t5_base": _t5_1_0(768, 3072, 12, 64, 12),

@@ -16,6 +16,7 @@ from typing import Any
 import gin
 
 from st5_jax import configs, optim, partitioning, paths, train
+from st5_jax.data import config as data_config
 
 _REGISTERED = False
 
@@ -69,7 +70,6 @@ class RunSpec:
   init_from: str | None
   init_projection: str
   vocab: str | None
-  eval_data_dir: str | None
   rules: Any
   # What the run is sized for, e.g. {"slice": "v4-256", "topology": "v4:4x4x8",
   # "chip_hbm_gib": 32}; read by `st5 aot` and the docs, not by the trainer.
@@ -107,6 +107,59 @@ def parse(files: list[str], bindings: list[str], *, finalize: bool = False) -> N
     gin.parse_config_files_and_bindings(files, bindings, finalize_config=finalize)
   except (ValueError, OSError, SyntaxError, TypeError) as e:
     raise GinConfigError(_one_line(e)) from e
+
+
+@dataclasses.dataclass(frozen=True)
+class Binding:
+  """One `selector.arg = value` line of a gin file, where it is and what it binds."""
+
+  key: str  # "scope/full.selector.arg" (the configurable's registered selector), or a macro's name
+  configurable: str | None  # the registered selector; None for a macro
+  value: str  # repr of the parsed value
+  file: str
+  line: int
+
+
+def trace(files: list[str], *, search_paths: list[str] | None = None) -> list[Binding]:
+  """Every binding `files` make, in the order gin applies them (an include expands where it stands).
+
+  The last binding of a key is the one a run reads; an earlier one of the same key is overridden.
+  Includes are found as gin finds them (an absolute path, else under each search path in turn;
+  default: gin's search paths). `import` lines are imported, so their configurables resolve.
+  """
+  import importlib  # pylint: disable=g-import-not-at-top
+
+  from gin import config_parser  # pylint: disable=g-import-not-at-top
+
+  register()
+  prefixes = list(search_paths) if search_paths is not None else list(gin.config._LOCATION_PREFIXES)  # pylint: disable=protected-access
+  out: list[Binding] = []
+
+  def find(name: str) -> str:
+    for prefix in [""] if os.path.isabs(name) else prefixes:
+      candidate = os.path.join(prefix, name)
+      if os.path.isfile(candidate):
+        return candidate
+    raise GinConfigError(f"{name}: gin file not found (searched {prefixes})")
+
+  def visit(path: str) -> None:
+    with open(path, encoding="utf-8") as f:
+      parser = config_parser.ConfigParser(f, gin.config.ParserDelegate(skip_unknown=True))
+      for st in parser:
+        if isinstance(st, config_parser.IncludeStatement):
+          visit(find(st.filename))
+        elif isinstance(st, config_parser.ImportStatement):
+          importlib.import_module(st.module)
+        elif isinstance(st, config_parser.BindingStatement):
+          match = gin.config._REGISTRY.get_match(st.selector) if st.arg_name else None  # pylint: disable=protected-access
+          selector = match.selector if match else st.selector
+          key = f"{st.scope + '/' if st.scope else ''}{selector}" + (f".{st.arg_name}" if st.arg_name else "")
+          out.append(Binding(key=key, configurable=match.selector if match else None, value=repr(st.value),
+                             file=path, line=st.location.line_num))
+
+  for f in files:
+    visit(find(f))
+  return out
 
 
 def _where(selector: str, arg: str) -> str:
@@ -176,9 +229,12 @@ def _run_spec(*, model: configs.ST5Config = gin.REQUIRED, train_config: train.Tr
              eval_data_dir: str | None = None, rules: Any = partitioning.DEFAULT_RULES,
              target: dict[str, Any] | None = None) -> RunSpec:
   """The run's configuration, as bound by gin (`run.model = @st5_model()`, ...)."""
+  if eval_data_dir is not None:  # a second way to set the data folder, removed 2026-12
+    raise GinConfigError(f"{_where('run', 'eval_data_dir')}: run.eval_data_dir is no longer read: bind "
+                         f"{data_config.GIN_DATA_DIR} = {eval_data_dir!r} (or set {paths.DATA_DIR_ENV}); the "
+                         "evaluation sets, the public tasks and the vocabulary are read from that one folder")
   spec = RunSpec(model=model, train_config=train_config, data=data, mesh=mesh, init_from=init_from,
-                 init_projection=init_projection, vocab=vocab, eval_data_dir=eval_data_dir, rules=rules,
-                 target=target)
+                 init_projection=init_projection, vocab=vocab, rules=rules, target=target)
   return spec
 
 
@@ -208,7 +264,7 @@ def train_from_gin(*, workdir: str, progress: bool = True) -> train.TrainResult:
 
   spec = run_spec()
   vocab_file = paths.vocab_path(spec.vocab)
-  eval_data_dir = spec.eval_data_dir or os.environ.get(paths.DATA_DIR_ENV)
+  eval_data_dir = data_config.data_dir(required=False)  # STS-B dev: the folder the tasks read
   if jax.process_index() == 0:
     paths.write_text(paths.join(workdir, "config.gin"), gin.config_str())
     paths.write_text(paths.join(workdir, "operative_config.gin"), gin.operative_config_str())

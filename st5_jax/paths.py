@@ -20,9 +20,10 @@ derives what the other libraries need from it:
   GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false
                              no gRPC bucket-type probe (the emulator speaks HTTP only)
 
-Where the public data and the vocabulary live is resolved here too: an argument, a
-model folder, $ST5_VOCAB, $ST5_DATA_DIR (each local or gs://), never implicitly
-downloaded; a missing file is an error that says which variable to set.
+Where the vocabulary lives is resolved here too: an argument, a model folder, $ST5_VOCAB,
+the data folder (each local or gs://), never implicitly downloaded; a missing file is an
+error that says which variable to set. Where the data folder is, st5_jax.data.config.data_dir
+decides (gin `st5_jax.data.options.data_dir`, else $ST5_DATA_DIR); `data_dir` here asks it.
 """
 
 from __future__ import annotations
@@ -292,19 +293,11 @@ def tensorstore_kvstore(p: PathLike) -> dict:
 
 
 def data_dir(explicit: PathLike | None = None, *, required: bool = True) -> epath.Path | None:
-  """The folder of public data ($ST5_DATA_DIR unless given), local or gs://."""
-  value = explicit or os.environ.get(DATA_DIR_ENV)
-  if not value:
-    if required:
-      raise MissingFileError(
-          f"No data directory given. Pass --data_dir, or set {DATA_DIR_ENV} to a folder (local or gs://) in "
-          f"{LAYOUT_HINT}.")
-    return None
-  p = path(value)
-  if required and not p.is_dir():
-    raise MissingFileError(f"Data directory {p} does not exist (from {'argument' if explicit else DATA_DIR_ENV}). "
-                           f"It should be a folder in {LAYOUT_HINT}.")
-  return p
+  """The folder of public data as a path; decided by `st5_jax.data.config.data_dir` (argument,
+  gin `st5_jax.data.options.data_dir`, $ST5_DATA_DIR)."""
+  from st5_jax.data import config  # pylint: disable=g-import-not-at-top  (config imports this module)
+  value = config.data_dir(explicit, required=required)
+  return path(value) if value else None
 
 
 def vocab_path(explicit: PathLike | None = None, *, model_dir: PathLike | None = None) -> str:
@@ -323,8 +316,9 @@ def vocab_path(explicit: PathLike | None = None, *, model_dir: PathLike | None =
         candidates.append(("model folder", join(model_dir, *([sub] if sub else []), basename)))
   if os.environ.get(VOCAB_ENV):
     candidates.append((VOCAB_ENV, os.environ[VOCAB_ENV]))
-  if os.environ.get(DATA_DIR_ENV):
-    candidates.append((DATA_DIR_ENV, join(os.environ[DATA_DIR_ENV], VOCAB_RELPATH)))
+  data = data_dir(required=False)
+  if data:
+    candidates.append(("data folder", join(data, VOCAB_RELPATH)))
   for source, candidate in candidates:
     if is_file(candidate):
       return os.fspath(path(candidate))

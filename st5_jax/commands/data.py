@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _prepare(args) -> int:
   from st5_jax.data import prepare as prepare_lib  # pylint: disable=g-import-not-at-top
-  env_dir = os.environ.get("ST5_DATA_DIR")
+  from st5_jax.data import config as data_config  # pylint: disable=g-import-not-at-top
+  env_dir = data_config.data_dir(required=False)  # the data folder the tasks read (gin, else $ST5_DATA_DIR)
   out = args.out or env_dir
   if not out:
     raise UsageError("pass --out DIR (or set ST5_DATA_DIR) for the prepared data folder.")

@@ -8,7 +8,8 @@ Gin (entry points only):
     st5_jax.data.options.decontaminate = False   # keep public examples that share a text with evaluation sets
 
 Environment: ST5_DATA_DIR, ST5_VOCAB (see st5_jax.paths), ST5_DATA_STRICT=1 and
-ST5_DATA_DECONTAMINATE=0.
+ST5_DATA_DECONTAMINATE=0. `data_dir()` below is the one place that decides where the data
+folder is (gin, else $ST5_DATA_DIR); paths.data_dir and the commands ask it.
 Everything is resolved when a dataset is built, never at import, so importing the
 `tasks` package works without any data present.
 """
@@ -25,6 +26,7 @@ from st5_jax import paths
 STRICT_ENV = "ST5_DATA_STRICT"
 DECONTAMINATE_ENV = "ST5_DATA_DECONTAMINATE"
 PREPARED_DIRNAME = "prepared"
+GIN_DATA_DIR = "st5_jax.data.options.data_dir"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,9 +51,32 @@ def options(data_dir: str | None = None, vocab: str | None = None, strict: bool 
                  tfds_data_dir=tfds_data_dir, decontaminate=bool(decontaminate))
 
 
-def data_dir() -> str:
-  """The data folder (gin `options.data_dir`, else $ST5_DATA_DIR), local or gs://."""
-  return os.fspath(paths.data_dir(options().data_dir))
+def data_dir(explicit: str | os.PathLike | None = None, *, required: bool = True) -> str | None:
+  """Where the data lives: the one place that decides, for the tasks, the trainer's STS-B dev
+  evaluation, the vocabulary fallback and every command.
+
+  `explicit` (a command's --data_dir), else gin `st5_jax.data.options.data_dir`, else
+  $ST5_DATA_DIR; local or gs://. required: the folder must exist (a missing one is a
+  MissingFileError that says what to set); otherwise None when nothing is set, and a set
+  folder is returned unchecked (e.g. `st5 data prepare` creates it).
+  """
+  if explicit:
+    value, source = os.fspath(explicit), "argument"
+  elif options().data_dir:
+    value, source = options().data_dir, f"gin {GIN_DATA_DIR}"
+  elif os.environ.get(paths.DATA_DIR_ENV):
+    value, source = os.environ[paths.DATA_DIR_ENV], paths.DATA_DIR_ENV
+  elif required:
+    raise paths.MissingFileError(
+        f"No data directory given. Pass --data_dir, set {paths.DATA_DIR_ENV} (or gin {GIN_DATA_DIR}) to a folder "
+        f"(local or gs://) in {paths.LAYOUT_HINT}.")
+  else:
+    return None
+  p = paths.path(value)
+  if required and not p.is_dir():
+    raise paths.MissingFileError(f"Data directory {p} does not exist (from {source}). It should be a folder in "
+                                 f"{paths.LAYOUT_HINT}.")
+  return os.fspath(p)
 
 
 def prepared_dir(base: str | None = None) -> str:
