@@ -571,7 +571,7 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
   if tc.eval_every < 0:
     eval_data_dir = None
   elif not eval_data_dir:
-    log.warning("No data dir (ST5_DATA_DIR or run.eval_data_dir): skipping STS-B dev evaluation.")
+    log.warning("No data dir ($ST5_DATA_DIR or gin st5_jax.data.options.data_dir): skipping STS-B dev evaluation.")
   mesh = partitioning.make_mesh(mesh_config)
   setup = build(model_config, tc, mesh, rules)
   if _is_lead():
