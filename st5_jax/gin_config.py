@@ -15,7 +15,7 @@ from typing import Any
 
 import gin
 
-from st5_jax import configs, optim, partitioning, paths, train
+from st5_jax import configs, inference, optim, partitioning, paths, train
 from st5_jax.data import config as data_config
 
 _REGISTERED = False
@@ -33,8 +33,7 @@ def st5_model(size: str = "t5_base", *, pooling: str = "enc_mean", embedding_dim
   0: none). It is dropped at inference and export.
   """
   if dtype is None:
-    import jax
-    dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"
+    dtype = inference.default_dtype()
   t5 = configs.t5_size(size, dtype=dtype, dropout_rate=dropout_rate, scan_layers=scan_layers,
                        remat_policy=remat_policy, **t5_overrides)
   return configs.ST5Config(t5=t5, pooling=pooling, embedding_dim=embedding_dim, normalize=normalize,
