@@ -7,6 +7,7 @@ inside the model and loss reads gin.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import re
 import types
@@ -14,9 +15,15 @@ import typing
 from typing import Any
 
 import gin
+import jax
+from gin import config_parser
 
 from st5_jax import configs, inference, optim, partitioning, paths, train
 from st5_jax.data import config as data_config
+# Imported for their gin configurables (st5_jax.data.options, user_qa_pairs, seed_user_text, ...),
+# which must exist before a file is parsed.
+from st5_jax.data import registry as _registry  # noqa: F401
+from st5_jax.data import seed_pretraining as _seed_pretraining  # noqa: F401
 
 _REGISTERED = False
 
@@ -52,9 +59,6 @@ def register() -> None:
   gin.external_configurable(configs.SeedEncoderConfig, "SeedEncoderConfig")
   gin.external_configurable(partitioning.MeshConfig, "MeshConfig")
   gin.external_configurable(partitioning.rules_from_pairs, "logical_rules")
-  # Data configurables (st5_jax.data.options, user_qa_pairs, ...) must exist before parsing.
-  import st5_jax.data.registry  # noqa: F401  pylint: disable=g-import-not-at-top
-  import st5_jax.data.seed_pretraining  # noqa: F401  pylint: disable=g-import-not-at-top  (seed_user_text)
   _REGISTERED = True
 
 
@@ -126,10 +130,6 @@ def trace(files: list[str], *, search_paths: list[str] | None = None) -> list[Bi
   Includes are found as gin finds them (an absolute path, else under each search path in turn;
   default: gin's search paths). `import` lines are imported, so their configurables resolve.
   """
-  import importlib  # pylint: disable=g-import-not-at-top
-
-  from gin import config_parser  # pylint: disable=g-import-not-at-top
-
   register()
   prefixes = list(search_paths) if search_paths is not None else list(gin.config._LOCATION_PREFIXES)  # pylint: disable=protected-access
   out: list[Binding] = []
@@ -259,8 +259,6 @@ def run_spec() -> RunSpec:
 
 def train_from_gin(*, workdir: str, progress: bool = True) -> train.TrainResult:
   """Trains with the parsed gin config; writes config.gin and operative_config.gin to the work dir."""
-  import jax
-
   spec = run_spec()
   vocab_file = paths.vocab_path(spec.vocab)
   eval_data_dir = data_config.data_dir(required=False)  # STS-B dev: the folder the tasks read

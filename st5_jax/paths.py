@@ -28,6 +28,7 @@ decides (gin `st5_jax.data.options.data_dir`, else $ST5_DATA_DIR); `data_dir` he
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fnmatch
 import glob as glob_lib
@@ -237,7 +238,6 @@ def local_dir(p: PathLike) -> str:
     tmp = tempfile.mkdtemp(prefix=f"st5_{hashlib.sha1(key.encode()).hexdigest()[:8]}_")
     copy_tree(key, tmp)
     _LOCAL_CACHE[key] = tmp
-    import atexit  # pylint: disable=g-import-not-at-top
     atexit.register(shutil.rmtree, tmp, True)
   return _LOCAL_CACHE[key]
 
@@ -253,7 +253,6 @@ def local_file(p: PathLike) -> str:
     with open(local, "wb") as f:
       f.write(read_bytes(key))
     _LOCAL_CACHE[key] = local
-    import atexit  # pylint: disable=g-import-not-at-top
     atexit.register(shutil.rmtree, tmp, True)
   return _LOCAL_CACHE[key]
 

@@ -8,6 +8,9 @@ same process; and SentenceEncoder.encode throughput. Figures, never assertions.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import time
 
 from st5_jax.configs import POOLINGS
 
@@ -31,8 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def matmul_peak(dtype, n: int = 2048, repeats: int = 10) -> float:
   """FLOP/s of an n x n x n matmul on the default device (best of `repeats`)."""
-  import time
-
+  # JAX here, not at the top: `st5 --help` imports every command module.
   import jax
   import jax.numpy as jnp
 
@@ -48,15 +50,12 @@ def matmul_peak(dtype, n: int = 2048, repeats: int = 10) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-  import json
-  import os
-  import time
-
+  # JAX, NumPy and the trainer here, not at the top: `st5 --help` imports every command module.
   import jax
   import numpy as np
 
   from st5_jax import configs, features, flops, partitioning, train
-  from st5_jax.encoder import default_dtype
+  from st5_jax.inference import default_dtype
 
   dtype = args.dtype or default_dtype()
   model = configs.ST5Config(
