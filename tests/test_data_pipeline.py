@@ -4,6 +4,7 @@ import collections
 import csv
 import itertools
 import json
+import os
 
 import gin
 import jax
@@ -12,9 +13,10 @@ import pytest
 import raw_counts
 
 import seqio
+import sentencepiece as spm
 
 from st5_jax import vocab
-from st5_jax.data import builders, dedup, geometry, mixing, tasks
+from st5_jax.data import builders, convert, dedup, geometry, mixing, tasks
 from st5_jax.data.geometry import DataConfigError
 from st5_jax.data.iterator import make_local_iterator, make_train_iterator
 
@@ -334,3 +336,17 @@ def test_shuffled_row_traces_back_to_its_raw_line(data_dir, tokenizer):
     raw_question = builders.clean_cqa_text(record[2])
     assert vocab_.decode(right[right != 0].tolist()) == tokenizer.decode(
         tokenizer.encode([raw_question], max_length=256)[0])
+
+
+def test_encode_block_truncates_leaving_room_for_eos_only_when_there_is_one():
+  # Re-derived with SentencePiece directly: ids[:L-1] + [EOS] with EOS, ids[:L] without.
+  sp = spm.SentencePieceProcessor(model_file=os.environ["ST5_VOCAB"])
+  texts = ["A man is playing a large guitar on the stage tonight.", "Hi.", ""]
+  L = 6
+  for eos in (1, None):
+    want = np.zeros((len(texts), L), np.int32)
+    for i, t in enumerate(texts):
+      ids = sp.encode(t, out_type=int)
+      row = ids[:L - 1] + [eos] if eos is not None else ids[:L]
+      want[i, :len(row)] = row
+    np.testing.assert_array_equal(convert.encode_block(texts, sp, L, eos), want, err_msg=f"eos={eos}")

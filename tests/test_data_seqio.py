@@ -11,7 +11,7 @@ import pytest
 import seqio
 import tensorflow as tf
 
-from st5_jax import vocab
+from st5_jax import features, vocab
 from st5_jax.data import feature_converters, tasks
 from st5_jax.data.geometry import DataConfigError
 from st5_jax.data.iterator import make_local_iterator, make_train_iterator
@@ -241,3 +241,13 @@ def test_missing_length_and_mismatched_mixture_are_errors(generic_tasks):
   seqio.MixtureRegistry.add(name, [(generic_tasks[1], 1.0), (float_labels, 1.0)])
   with pytest.raises(DataConfigError, match="must yield the same batch features"):
     make_local_iterator(task=name, feature_lengths={"inputs": 8, "targets": 8}, batch_size=2)
+
+
+def test_negative_targets_take_the_targets_length_by_default(data_dir):
+  # TASK_FEATURE_LENGTHS without a negative_targets length: hard negatives are answers, so
+  # they are cut like the targets (t5x_retrieval's convention), not like the inputs.
+  for numpy_path in (True, False):
+    batch = next(make_local_iterator(task=tasks.STAGE2_SNLI_TRIPLES, feature_lengths={"inputs": 24, "targets": 20},
+                                     batch_size=8, shuffle=False, numpy_path=numpy_path))
+    assert batch[features.LEFT].shape == (8, 24) and batch[features.RIGHT].shape == (8, 20)
+    assert batch[features.RIGHT_NEG].shape == (8, 20), numpy_path
