@@ -1,7 +1,7 @@
 """Row counts of the public raw files, derived without st5_jax (issue 20: counts derived independently).
 
 Each function reads the raw files with the csv / json / xml modules and applies the
-dataset's documented rules (/work/shared/data/DATA.md, the datasets' own READMEs) with its
+dataset's documented rules (DATA.md in the shared data folder, the datasets' own READMEs) with its
 own normalisation, never the builders' code. The tests compare the builders' counts (and
 the literals written in docs/data.md) with these.
 """
