@@ -36,7 +36,7 @@ from st5_jax.model.st5 import SentenceT5
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SentenceEncoder", "default_dtype", "encode_length_bucket", "length_bucket"]
+__all__ = ["SentenceEncoder", "encode_length_bucket"]
 
 
 def encode_length_bucket(n: int, max_length: int) -> int:

@@ -6,7 +6,7 @@ import pytest
 
 from st5_jax import SentenceEncoder, cli, configs, vocab
 from st5_jax.checkpoints import native
-from st5_jax.encoder import length_bucket
+from st5_jax.inference import length_bucket
 from st5_jax.model import init_params
 
 import flax.linen as nn
