@@ -19,6 +19,8 @@ import sys
 import tokenize
 from typing import NoReturn
 
+from st5_jax import hostmem
+
 # name -> module under st5_jax.commands
 COMMANDS = {
     "encode": "encode",
@@ -117,6 +119,8 @@ def _command_name(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+  if argv is None:  # run as a program (not called from Python): huge-page malloc, docs/performance.md
+    hostmem.reexec_with_hugetlb_malloc()
   argv = list(sys.argv[1:] if argv is None else argv)
   debug = "--debug" in argv
   argv = [a for a in argv if a != "--debug"]

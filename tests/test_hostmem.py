@@ -1,0 +1,92 @@
+"""st5_jax/hostmem.py: the `st5` command re-executes itself once with huge-page malloc."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import platform
+import re
+import subprocess
+import sys
+
+import pytest
+
+from st5_jax import cli, hostmem
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+LINUX = dict(system="Linux", libc=("glibc", "2.36"), thp="madvise")
+
+
+@pytest.mark.parametrize("environ, kw, expected", [
+    ({}, LINUX, True),
+    ({}, dict(LINUX, thp="always"), True),
+    ({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}, LINUX, True),
+    ({hostmem.OPT_OUT: "0"}, LINUX, False),
+    ({hostmem.OPT_OUT: "1"}, LINUX, True),
+    ({"ST5_HUGETLB_MALLOC_REEXECUTED": "1"}, LINUX, False),  # never twice
+    ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, LINUX, False),  # the user's own choice stands
+    ({}, dict(LINUX, thp="never"), False),
+    ({}, dict(LINUX, thp=None), False),
+    ({}, dict(LINUX, libc=("glibc", "2.34")), False),
+    ({}, dict(LINUX, libc=("glibc", "2.35")), True),
+    ({}, dict(LINUX, libc=("", "")), False),  # musl
+    ({}, dict(LINUX, system="Darwin", libc=("", "")), False),
+])
+def test_wanted(environ, kw, expected):
+  assert hostmem.wanted(environ, **kw) is expected
+
+
+def test_with_tunable_appends_to_the_users_tunables():
+  env = hostmem.with_tunable({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0", "X": "1"})
+  assert env["GLIBC_TUNABLES"] == "glibc.malloc.tcache_count=0:glibc.malloc.hugetlb=1"
+  assert env["X"] == "1" and env["ST5_HUGETLB_MALLOC_REEXECUTED"] == "1"
+  assert hostmem.with_tunable({})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+
+
+def test_thp_mode_reads_the_bracketed_mode(tmp_path):
+  f = tmp_path / "enabled"
+  f.write_text("always [madvise] never\n")
+  assert hostmem.thp_mode(str(f)) == "madvise"
+  assert hostmem.thp_mode(str(tmp_path / "missing")) is None
+
+
+def test_main_called_from_python_never_reexecutes(monkeypatch, capsys):
+  def boom():
+    raise AssertionError("re-executed from a Python caller")
+  monkeypatch.setattr(hostmem, "reexec_with_hugetlb_malloc", boom)
+  with pytest.raises(SystemExit) as e:
+    cli.main(["bench", "--help"])
+  assert e.value.code == 0
+  assert "--negatives" in capsys.readouterr().out
+
+
+def _platform_has_hugetlb_malloc() -> bool:
+  """Linux, glibc >= 2.35 and transparent huge pages on: re-derived here, not through hostmem."""
+  libc, version = platform.libc_ver()
+  thp = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
+  mode = re.search(r"\[(\w+)\]", thp.read_text()) if thp.exists() else None
+  return (platform.system() == "Linux" and libc == "glibc" and mode is not None
+          and mode[1] in ("always", "madvise") and tuple(map(int, version.split(".")[:2])) >= (2, 35))
+
+
+def _bench(tmp_path, name, **env_extra):
+  out = tmp_path / f"{name}.json"
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "GLIBC_TUNABLES", hostmem.OPT_OUT)}
+  env.update(PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", **env_extra)
+  proc = subprocess.run([sys.executable, "-m", "st5_jax.cli", "bench", "--size", "t5_tiny", "--batch", "64",
+                         "--length", "32", "--negatives", "--steps", "5", "--encode_sentences", "0", "--json", str(out)],
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(out.read_text())
+
+
+def test_st5_runs_on_huge_page_malloc_and_faults_less(tmp_path):
+  on, off = _bench(tmp_path, "on"), _bench(tmp_path, "off", **{hostmem.OPT_OUT: "0"})
+  assert off["glibc_tunables"] == ""
+  if _platform_has_hugetlb_malloc():
+    assert on["glibc_tunables"] == hostmem.TUNABLE
+    # Measured here: ~1,300 vs ~13,900 faults per t5_tiny step (the working set in 2 MiB pages, not 4 KiB).
+    assert on["page_faults_per_step"] < 0.5 * off["page_faults_per_step"], (on, off)
+  else:  # no glibc >= 2.35 or no transparent huge pages: the command runs as it is
+    assert on["glibc_tunables"] == ""
