@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import time
 
 from st5_jax.configs import POOLINGS
@@ -26,6 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
   p.add_argument("--dtype", default=None, help="Activation dtype (default: bfloat16 on accelerators, float32 on CPU).")
   p.add_argument("--scan", action="store_true", help="Scan over layers with full remat.")
   p.add_argument("--dropout", type=float, default=0.0, help="Dropout rate (costly on CPU: random masks).")
+  p.add_argument("--embedding_dim", type=int, default=None,
+                 help="Projection width (default: 768; 32 for the tiny sizes).")
   p.add_argument("--grad_cache_chunks", type=int, default=0)
   p.add_argument("--encode_sentences", type=int, default=2048, help="Sentences for the encode benchmark (0: skip).")
   p.add_argument("--json", default=None, help="Also write the figures as JSON.")
@@ -61,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
   model = configs.ST5Config(
       t5=configs.t5_size(args.size, dtype=dtype, dropout_rate=args.dropout, scan_layers=args.scan,
                          remat_policy="full" if args.scan else "none"),
-      pooling=args.pooling, embedding_dim=768 if args.size not in ("t5_tiny", "t5_1_1_tiny") else 32,
+      pooling=args.pooling,
+      embedding_dim=args.embedding_dim or (768 if args.size not in ("t5_tiny", "t5_1_1_tiny") else 32),
       max_length=args.length)
   tc = train.TrainConfig(num_train_steps=args.steps + 1, global_batch_size=args.batch,
                          grad_cache_chunks=args.grad_cache_chunks)
@@ -84,11 +88,13 @@ def run(args: argparse.Namespace) -> int:
     state, m = setup.step_fn(state, batch)
     jax.block_until_ready(m)
     compile_s = time.perf_counter() - t
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t = time.perf_counter()
     for _ in range(args.steps):
       state, m = setup.step_fn(state, batch)
     jax.block_until_ready(m)
     step_s = (time.perf_counter() - t) / args.steps
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / args.steps
 
   peak = matmul_peak(dtype)
   out = {
@@ -99,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
       "examples_per_sec": args.batch / step_s, "tokens_per_sec": args.batch * args.length * len(sides) / step_s,
       "step_flops": step_flops, "achieved_flops_per_sec": step_flops / step_s,
       "matmul_peak_flops_per_sec": peak, "fraction_of_matmul_peak": step_flops / step_s / peak,
+      # Host page faults per timed step, and the malloc tunables they ran under (st5_jax/hostmem.py).
+      "page_faults_per_step": faults, "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
   }
 
   if args.encode_sentences:
