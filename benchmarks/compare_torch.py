@@ -17,6 +17,15 @@ st5_jax: the real jitted step of `st5_jax.train.build` (Adafactor), as `st5 benc
 Encode: the 2,758 STS-B test sentences ($ST5_DATA_DIR, `read_stsb`), batch 64, through
 `SentenceTransformer.encode` vs `SentenceEncoder.encode`; best of --repeats warm passes.
 `torch.set_num_threads(--threads)`; XLA uses the machine's cores. Figures only, no assertions.
+
+Each row also prints its ceiling: the work's model FLOPs (st5_jax/flops.py; for encode, only
+the real tokens, no padding) at this machine's f32 matmul peak (a 2048^3 matmul, the faster of
+the two sides, measured in the same process). No f32 implementation of the same work can be
+faster, so `ceiling / torch` is the largest ratio any change to st5_jax could reach here.
+
+Both sides run in this one process, so a malloc setting applies to both:
+`GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/compare_torch.py` compares them as
+the `st5` command runs (st5_jax/hostmem.py); without it, as a Python script runs by default.
 """
 
 from __future__ import annotations
@@ -194,6 +203,42 @@ def time_torch_train(st, host_batch, *, steps: int) -> dict:
   return {"first_loss": first_loss, "first_step_s": first_s, "step_s": step_s, "examples_per_s": B / step_s}
 
 
+def matmul_peak_flops(n: int = 2048, repeats: int = 10) -> dict:
+  """f32 FLOP/s of an n^3 matmul on each side (best of `repeats`); the larger is this machine's peak."""
+  import torch
+
+  from st5_jax.commands.bench import matmul_peak
+
+  a = torch.ones(n, n)
+  a @ a
+  best = float("inf")
+  for _ in range(repeats):
+    t = time.perf_counter()
+    a @ a
+    best = min(best, time.perf_counter() - t)
+  out = {"jax": matmul_peak("float32", n, repeats), "torch": 2 * n ** 3 / best}
+  out["peak"] = max(out["jax"], out["torch"])
+  return out
+
+
+def ceiling_train(config, *, batch: int, length: int, peak: float) -> float:
+  """Examples/s of a step that ran all its model FLOPs (st5_jax/flops.py) at the matmul peak.
+
+  No f32 implementation of the same step on this machine can be faster: both sides compute
+  at least these FLOPs (three towers of `length` tokens, forward and backward).
+  """
+  from st5_jax import flops
+  lengths = {"inputs": length, "targets": length, "negative_targets": length}
+  return batch / (flops.train_step_flops(config, global_batch_size=batch, lengths=lengths) / peak)
+
+
+def ceiling_encode(enc, texts, *, peak: float) -> float:
+  """Sentences/s of an encoder that computed only the real tokens (no padding) at the matmul peak."""
+  from st5_jax import flops
+  total = sum(flops.encoder_forward_flops(enc.config, len(row)) for row in enc.tokenize(texts))
+  return len(texts) / (total / peak)
+
+
 def time_encode(fn, texts, *, repeats: int) -> tuple[float, "object"]:
   fn(texts)  # warm-up: st5_jax compiles one program per (batch, length) bucket here
   best, out = float("inf"), None
@@ -249,7 +294,10 @@ def main(argv=None) -> int:
   print(f"# jax {jax.__version__} ({jax.default_backend()}, {jax.device_count()} devices), torch {torch.__version__} "
         f"({torch.get_num_threads()} threads), os.cpu_count {os.cpu_count()}, load average {os.getloadavg()[0]:.2f}")
   print(f"# batch {cfg['batch']}, length {cfg['length']}, projection {cfg['projection']}, "
-        f"{len(texts)} STS-B test sentences", flush=True)
+        f"{len(texts)} STS-B test sentences, GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}", flush=True)
+  peaks = matmul_peak_flops()
+  print(f"# f32 2048^3 matmul: jax {peaks['jax'] / 1e9:.1f} GFLOP/s, torch {peaks['torch'] / 1e9:.1f} GFLOP/s; "
+        f"ceiling = the work's model FLOPs at {peaks['peak'] / 1e9:.1f} GFLOP/s", flush=True)
   rows = []
   work = pathlib.Path(tempfile.mkdtemp(prefix="st5_compare_torch_"))
   try:
@@ -265,25 +313,29 @@ def main(argv=None) -> int:
         row["torch"] = time_torch_train(st, host, steps=cfg["steps"])
         row["first_loss_abs_diff"] = abs(row["jax"]["first_loss"] - row["torch"]["first_loss"])
         row["ratio"] = row["jax"]["examples_per_s"] / row["torch"]["examples_per_s"]
+        row["ceiling"] = ceiling_train(enc.config, batch=cfg["batch"], length=cfg["length"], peak=peaks["peak"])
         print(f"train  {name:<14} agreement max|diff| {diff:.2e}  first-step loss jax {row['jax']['first_loss']:.5f} "
               f"torch {row['torch']['first_loss']:.5f}  |  torch {row['torch']['examples_per_s']:.1f} examples/s  "
-              f"st5_jax {row['jax']['examples_per_s']:.1f} examples/s  ratio {row['ratio']:.2f}", flush=True)
+              f"st5_jax {row['jax']['examples_per_s']:.1f} examples/s  ratio {row['ratio']:.2f}"
+              f"  |  ceiling {row['ceiling']:.1f} examples/s = {row['ceiling'] / row['torch']['examples_per_s']:.2f}x torch",
+              flush=True)
       else:
         import numpy as np
         torch_sps, ref = time_encode(lambda t: st.encode(t, batch_size=64, convert_to_numpy=True), texts,
                                      repeats=cfg["repeats"])
         jax_sps, ours = time_encode(enc.encode, texts, repeats=cfg["repeats"])
         row.update(torch={"sentences_per_s": torch_sps}, jax={"sentences_per_s": jax_sps},
-                   encode_outputs_max_abs_diff=float(np.max(np.abs(ours - ref))), ratio=jax_sps / torch_sps)
+                   encode_outputs_max_abs_diff=float(np.max(np.abs(ours - ref))), ratio=jax_sps / torch_sps,
+                   ceiling=ceiling_encode(enc, texts, peak=peaks["peak"]))
         print(f"encode {name:<14} agreement max|diff| {diff:.2e}  (whole encode outputs {row['encode_outputs_max_abs_diff']:.2e})"
-              f"  |  torch {torch_sps:.1f} sentences/s  st5_jax {jax_sps:.1f} sentences/s  ratio {row['ratio']:.2f}",
-              flush=True)
+              f"  |  torch {torch_sps:.1f} sentences/s  st5_jax {jax_sps:.1f} sentences/s  ratio {row['ratio']:.2f}"
+              f"  |  ceiling {row['ceiling']:.1f} sentences/s = {row['ceiling'] / torch_sps:.2f}x torch", flush=True)
       rows.append(row)
   finally:
     shutil.rmtree(work, ignore_errors=True)
   print(f"# load average after: {os.getloadavg()[0]:.2f}")
   if args.json:
-    pathlib.Path(args.json).write_text(json.dumps({"config": cfg, "rows": rows}, indent=2))
+    pathlib.Path(args.json).write_text(json.dumps({"config": cfg, "matmul_peak": peaks, "rows": rows}, indent=2))
   return 0
 
 

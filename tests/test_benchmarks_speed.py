@@ -34,7 +34,13 @@ def test_compare_torch_quick(tmp_path):
     assert float(diff) < 1e-4
     assert float(torch_rate) > 0 and float(jax_rate) > 0
     assert abs(float(ratio) - float(jax_rate) / float(torch_rate)) < 0.02 * float(ratio) + 0.01
-  rows = json.loads(out_json.read_text())["rows"]
+  figures = json.loads(out_json.read_text())
+  rows = figures["rows"]
+  assert figures["matmul_peak"]["peak"] == max(figures["matmul_peak"]["jax"], figures["matmul_peak"]["torch"]) > 0
+  for row in rows:  # the ceiling (model FLOPs at the matmul peak) bounds both sides
+    rate = "examples_per_s" if row["part"] == "train" else "sentences_per_s"
+    assert row["torch"][rate] < row["ceiling"] and row["jax"][rate] < row["ceiling"], row
+  assert len(re.findall(r"\|\s+ceiling [\d.]+ (?:examples|sentences)/s = [\d.]+x torch$", proc.stdout, re.M)) == 3
   for row in rows:
     if row["part"] == "train":  # same weights, same batch: the same first loss
       assert row["first_loss_abs_diff"] < 1e-3 * abs(row["torch"]["first_loss"]), row
