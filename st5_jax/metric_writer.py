@@ -9,6 +9,7 @@ end; a metrics file is a few hundred bytes per logged step). Local files are app
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -22,6 +23,7 @@ from st5_jax import paths
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
+_WRITER_IDS = itertools.count()
 
 
 class AppendFile:
@@ -84,7 +86,11 @@ class MetricWriter:
     workdir = paths.path(workdir)
     self.remote = paths.is_remote(workdir)
     self.jsonl = AppendFile(workdir / METRICS_FILE)
-    self.tb = SummaryWriter(os.fspath(workdir / TENSORBOARD_DIR))
+    # tensorboardX names event files by the second and the host only: a run resumed within the
+    # same second would append to the previous run's file. pid + a counter keep one file per
+    # writer, as TensorFlow's own writer does (`.<pid>.<uid>.v2`).
+    self.tb = SummaryWriter(os.fspath(workdir / TENSORBOARD_DIR),
+                            filename_suffix=f".{os.getpid()}.{next(_WRITER_IDS)}")
 
   def write(self, step: int, scalars: Mapping[str, float], prefix: str = "train") -> None:
     if not self.enabled:

@@ -2,10 +2,12 @@
 
 import json
 import math
+import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorboardX import event_file_writer
 
 from st5_jax import hooks, metric_writer, paths
 
@@ -69,8 +71,10 @@ def _read_events(path):
   return out
 
 
-def test_metric_writer_on_gcs_writes_the_work_dir_directly_and_appends_on_resume(gcs, tmp_path):
+def test_metric_writer_on_gcs_writes_the_work_dir_directly_and_appends_on_resume(gcs, tmp_path, monkeypatch):
   """gs:// work dir: metrics.jsonl and the event file are objects in the work dir, no local mirror."""
+  # Both runs in the same second (tensorboardX names event files by the second): still one file each.
+  monkeypatch.setattr(event_file_writer, "time", types.SimpleNamespace(time=lambda: 1796107965.0))
   wd = gcs.url("hooks", "wd")
   w = metric_writer.MetricWriter(wd)
   w.write(1, {"loss": 2.5})
