@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import time
 
 from st5_jax.configs import POOLINGS
@@ -52,6 +51,15 @@ def matmul_peak(dtype, n: int = 2048, repeats: int = 10) -> float:
   return 2 * n ** 3 / best
 
 
+def _minor_faults() -> float:
+  """This process's minor page faults so far (NaN where the OS has no getrusage)."""
+  try:
+    import resource  # Unix only
+  except ImportError:
+    return float("nan")
+  return float(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+
+
 def run(args: argparse.Namespace) -> int:
   # JAX, NumPy and the trainer here, not at the top: `st5 --help` imports every command module.
   import jax
@@ -88,13 +96,13 @@ def run(args: argparse.Namespace) -> int:
     state, m = setup.step_fn(state, batch)
     jax.block_until_ready(m)
     compile_s = time.perf_counter() - t
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    faults = _minor_faults()
     t = time.perf_counter()
     for _ in range(args.steps):
       state, m = setup.step_fn(state, batch)
     jax.block_until_ready(m)
     step_s = (time.perf_counter() - t) / args.steps
-    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / args.steps
+    faults = (_minor_faults() - faults) / args.steps
 
   peak = matmul_peak(dtype)
   out = {
