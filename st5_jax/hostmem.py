@@ -3,10 +3,10 @@
 XLA:CPU allocates a step's temporaries afresh on every call, and glibc serves large blocks
 from fresh mmaps (or trims them back to the kernel), so each step faults its whole working
 set in 4 KiB pages: about 92,000 page faults per `t5_mini` train step on the development
-machine, a third of the step (docs/performance.md). glibc >= 2.35 can back malloc with
-transparent huge pages (tunable `glibc.malloc.hugetlb=1`: 2 MiB pages, 512x fewer faults);
-glibc reads tunables only when a process starts, so `st5` re-executes itself once with it
-set. Nothing else changes: same program, same PID, same numbers.
+machine, about a quarter of the step's time (docs/performance.md). glibc >= 2.35 can back
+malloc with transparent huge pages (tunable `glibc.malloc.hugetlb=1`: 2 MiB pages, 512x
+fewer faults); glibc reads tunables only when a process starts, so `st5` re-executes itself
+once with it set. Nothing else changes: same program, same PID, same numbers.
 
 `ST5_HUGETLB_MALLOC=0` leaves malloc alone. Library users set it themselves:
 `GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python my_script.py`.
