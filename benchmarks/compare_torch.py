@@ -227,9 +227,9 @@ def ceiling_train(config, *, batch: int, length: int, peak: float) -> float:
   No f32 implementation of the same step on this machine can be faster: both sides compute
   at least these FLOPs (three towers of `length` tokens, forward and backward).
   """
-  from st5_jax import flops
+  from st5_jax.objectives.contrastive import contrastive_step_flops
   lengths = {"inputs": length, "targets": length, "negative_targets": length}
-  return batch / (flops.train_step_flops(config, global_batch_size=batch, lengths=lengths) / peak)
+  return batch / (contrastive_step_flops(config, global_batch_size=batch, lengths=lengths) / peak)
 
 
 def ceiling_encode(enc, texts, *, peak: float) -> float:

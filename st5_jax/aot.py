@@ -3,8 +3,9 @@
 With libtpu installed (the `tpu` extra), `jax.experimental.topologies` describes a TPU
 slice without owning one; the trainer's own `build()` (same gin, same shardings, same
 step) is lowered with abstract inputs and compiled for it. Nothing is allocated.
-XLA's memory analysis gives per-chip bytes; FLOPs come from st5_jax/flops.py because
-XLA's cost analysis counts a scanned layer body only once.
+XLA's memory analysis gives per-chip bytes; FLOPs are the objective's analytic count
+(`Objective.step_flops`) because XLA's cost analysis counts a scanned layer body only
+once. The batch is what the objective declares it reads (`Objective.features`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import topologies
 
-from st5_jax import flops as flops_lib
-from st5_jax import features, partitioning, train
-from st5_jax.features import LABELS
-from st5_jax.model.st5 import abstract_params
+from st5_jax import objectives, partitioning, train
 
 GIB = 1024 ** 3
 
@@ -169,30 +167,13 @@ def _feature_lengths(data: Any) -> dict[str, int]:
 
 
 def abstract_batch(mesh, global_batch_size: int, lengths: dict[str, int], *,
-                   objective: str = "st5") -> dict[str, jax.ShapeDtypeStruct]:
-  """The step's batch as abstract arrays: the features the objective reads, sharded on the batch axes.
-
-  st5: LEFT, RIGHT (+ RIGHT_NEG with a `negative_targets` length); consert_unsup: LEFT
-  only (single sentences); consert_joint: LEFT, RIGHT and the int32 [B] NLI LABELS.
-  """
+                   objective: Any) -> dict[str, jax.ShapeDtypeStruct]:
+  """The step's batch as abstract arrays: the features `objective` (an Objective or a registered name)
+  reads, sharded on the batch axes."""
+  objective = objectives.get(objective)
   sharding = partitioning.batch_sharding(mesh)
-
-  def tokens(key: str) -> jax.ShapeDtypeStruct:
-    if key not in lengths:
-      raise ValueError(f"objective {objective!r} needs a {key!r} length in DataConfig.feature_lengths "
-                       f"(TASK_FEATURE_LENGTHS), got {lengths}")
-    return jax.ShapeDtypeStruct((global_batch_size, lengths[key]), jnp.int32, sharding=sharding)
-
-  batch = {features.LEFT: tokens("inputs")}
-  if objective == "consert_unsup":
-    return batch
-  batch[features.RIGHT] = tokens("targets")
-  if objective == "consert_joint":
-    batch[LABELS] = jax.ShapeDtypeStruct((global_batch_size,), jnp.int32, sharding=sharding)
-    return batch
-  if "negative_targets" in lengths:
-    batch[features.RIGHT_NEG] = tokens("negative_targets")
-  return batch
+  return {name: jax.ShapeDtypeStruct(f.shape(global_batch_size, lengths), jnp.dtype(f.dtype), sharding=sharding)
+          for name, f in objective.required_lengths(lengths).items()}
 
 
 @dataclasses.dataclass
@@ -223,7 +204,7 @@ def compile_for_devices(spec, devices, *, name: str, topology: str, utilisation:
   state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                        setup.abstract_state, setup.state_shardings)
   lengths = _feature_lengths(spec.data)
-  batch = abstract_batch(mesh, tc.global_batch_size, lengths, objective=tc.objective)
+  batch = abstract_batch(mesh, tc.global_batch_size, lengths, objective=setup.objective)
   start = time.perf_counter()
   chip = chip_spec(devices[0])
   with jax.set_mesh(mesh):
@@ -236,9 +217,8 @@ def compile_for_devices(spec, devices, *, name: str, topology: str, utilisation:
       if mem is None:
         raise
   compile_seconds = time.perf_counter() - start
-  step_flops = flops_lib.train_step_flops(spec.model, global_batch_size=tc.global_batch_size, lengths=lengths,
-                                          objective=tc.objective)
-  n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(nn.unbox(abstract_params(spec.model))))
+  step_flops = setup.objective.step_flops(spec.model, global_batch_size=tc.global_batch_size, lengths=lengths)
+  n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(nn.unbox(setup.boxed_params)))
   return AotReport(
       name=name, topology=topology, devices=len(devices), device_kind=devices[0].device_kind,
       mesh=dict(mesh.shape), global_batch_size=tc.global_batch_size, lengths=lengths, params=n_params,

@@ -64,10 +64,6 @@ class ST5Config:
   normalize: bool = True
   # Longest token sequence (EOS included) the encoder sees at inference.
   max_length: int = 128
-  # Training-only NLI head (ConSERT / SBERT): a linear classifier over [u, v, |u-v|, max(u, v)^2]
-  # of the tower outputs with this many classes; 0 = none. Inference and export drop it
-  # (checkpoints.loader.load_model); training keeps it in the parameters and checkpoints.
-  nli_classes: int = 0
   # layer_attention pooling (st5_jax/model/layer_attention.py): the token whose state in
   # every layer is the query ("first", or the "eos" token), and whether the intermediate
   # states go through the encoder's final RMS norm first (False: Hugging Face's
@@ -78,8 +74,6 @@ class ST5Config:
   def __post_init__(self):
     if self.pooling not in POOLINGS:
       raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
-    if self.nli_classes < 0 or self.nli_classes == 1:
-      raise ValueError(f"nli_classes must be 0 (no head) or at least 2, got {self.nli_classes}")
     if self.layer_attention_token not in LAYER_ATTENTION_TOKENS:
       raise ValueError(f"layer_attention_token must be one of {LAYER_ATTENTION_TOKENS}, "
                        f"got {self.layer_attention_token!r}")
@@ -104,48 +98,13 @@ class ST5Config:
   @classmethod
   def from_dict(cls, d: dict[str, Any]) -> "ST5Config":
     d = dict(d)
+    # Written before the NLI head moved to ConSERT's objective (2026-12): the head's parameters
+    # stay in such checkpoints and are reported unused by the tower.
+    d.pop("nli_classes", None)
     t5 = dict(d.pop("t5", {}))
     if "mlp_activations" in t5:
       t5["mlp_activations"] = tuple(t5["mlp_activations"])
     return cls(t5=T5Config(**t5), **d)
-
-
-# What the weak decoder of SEED-Encoder pre-training cross-attends to (one memory slot).
-SEED_MEMORIES = ("pooled", "projected")
-
-
-@dataclasses.dataclass(frozen=True)
-class SeedEncoderConfig:
-  """SEED-Encoder pre-training (st5_jax/seed_encoder.py): the weak decoder and its loss weight.
-
-  The weak decoder has the encoder's width (heads, MLP, dtype, dropout, scan and remat
-  come from the run's T5Config), shares the token embedding (input and tied output),
-  and is dropped when the pre-trained work dir initialises an ST5 run.
-  """
-
-  # Decoder layers (the paper: 3; its 1-layer variant uses window 8).
-  num_layers: int = 3
-  # Self-attention window k: query i attends keys i-k < j <= i and position 0 (the start
-  # token), in every layer; the paper's k = 2.
-  window: int = 2
-  # The single memory vector: "pooled" is the ST5 pooling of ST5Config.pooling (first
-  # token, mean, or first decoder output) before the projection; "projected" is after the
-  # projection (needs embedding_dim), before L2 normalisation.
-  memory: str = "pooled"
-  # w in L = L_span + w * L_dec (the official code has an unused ratio field; 1.0 is its
-  # plain sum). 0 trains span corruption alone: the weak decoder is then not run.
-  decoder_loss_weight: float = 1.0
-
-  def __post_init__(self):
-    if self.num_layers < 1:
-      raise ValueError(f"SeedEncoderConfig.num_layers must be >= 1, got {self.num_layers}")
-    if self.window < 1:
-      raise ValueError(f"SeedEncoderConfig.window must be >= 1 (1: the token itself and the start "
-                       f"token only), got {self.window}")
-    if self.memory not in SEED_MEMORIES:
-      raise ValueError(f"SeedEncoderConfig.memory must be one of {SEED_MEMORIES}, got {self.memory!r}")
-    if self.decoder_loss_weight < 0:
-      raise ValueError(f"SeedEncoderConfig.decoder_loss_weight must be >= 0, got {self.decoder_loss_weight}")
 
 
 def _t5_1_0(emb, mlp, heads, head_dim, layers) -> T5Config:

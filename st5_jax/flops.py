@@ -3,6 +3,9 @@
 XLA's cost analysis counts a scanned layer body once, so it cannot be used for
 scanned models; these counts are what the hardware must do at minimum, and the
 same formula serves `st5 aot` (predicted step time) and `st5 bench` (achieved FLOP/s).
+The FLOPs of a whole step are the objective's (`Objective.step_flops`, st5_jax/objectives/),
+built from these pieces; tests/test_objectives_contract.py checks each against XLA's
+cost analysis of the lowered (unscanned) step.
 """
 
 from __future__ import annotations
@@ -29,25 +32,22 @@ def encoder_forward_flops(config: ST5Config, length: int) -> float:
   return float(flops)
 
 
-def train_step_flops(config: ST5Config, *, global_batch_size: int, lengths: Mapping[str, int],
-                     objective: str = "st5") -> float:
-  """Forward + backward (3x forward) FLOPs of one step over all towers and the loss.
+def decoder_forward_flops(t5, length: int, *, memory_length: int, num_layers: int, memory_dim: int | None = None,
+                          logits: bool = True) -> float:
+  """Forward FLOPs of a T5 decoder stack over `length` teacher-forced positions of one sequence.
 
-  objective: TrainConfig.objective. ConSERT's run two views (two forward passes) of each
-  sentence set: `consert_unsup` of `inputs`, `consert_joint` of `inputs` and `targets`,
-  each set with a [2B, 2B] NT-Xent similarity matrix (the joint NLI classifier is
-  negligible; FGV's extra forward and backward pass is not counted).
+  Self-attention (all length x length scores counted, as for the encoder), cross-attention
+  over `memory_length` memory vectors of `memory_dim` (default: the model width; their
+  keys and values are projected once per sequence), the MLP, and the vocabulary logits.
   """
-  B = global_batch_size
-  if objective in ("consert_unsup", "consert_joint"):
-    sides = [lengths["inputs"]] + ([lengths["targets"]] if objective == "consert_joint" else [])
-    forward = sum(2 * B * encoder_forward_flops(config, L) for L in sides)
-    forward += len(sides) * 2 * (2 * B) ** 2 * config.output_dim  # NT-Xent similarities
-    return 3.0 * forward
-  towers = [lengths["inputs"], lengths["targets"]]
-  if "negative_targets" in lengths:
-    towers.append(lengths["negative_targets"])
-  forward = sum(B * encoder_forward_flops(config, L) for L in towers)
-  candidates = B * (len(towers) - 1)
-  forward += 2 * B * candidates * config.output_dim  # similarity logits
-  return 3.0 * forward
+  D, HK, F, T = t5.emb_dim, t5.num_heads * t5.head_dim, t5.mlp_dim, length
+  M = memory_dim or D
+  n_in = len(t5.mlp_activations)
+  per_token = 2 * 4 * D * HK + 2 * 2 * T * HK  # self-attention: q, k, v, out; scores/values
+  per_token += 2 * 2 * D * HK + 2 * 2 * memory_length * HK  # cross-attention: q, out; scores/values
+  per_token += 2 * (n_in + 1) * D * F  # MLP
+  per_layer = T * per_token + 2 * 2 * M * HK * memory_length  # + the memory's keys and values
+  flops = num_layers * per_layer
+  if logits:
+    flops += 2 * T * D * t5.vocab_size
+  return float(flops)

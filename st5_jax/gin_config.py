@@ -18,12 +18,12 @@ import gin
 import jax
 from gin import config_parser
 
-from st5_jax import configs, inference, optim, partitioning, paths, train
+from st5_jax import configs, inference, objectives, optim, partitioning, paths, train
 from st5_jax.data import config as data_config
-# Imported for their gin configurables (st5_jax.data.options, user_qa_pairs, seed_user_text, ...),
-# which must exist before a file is parsed.
+# Imported for their gin configurables (st5_jax.data.options, user_qa_pairs, ...), which must
+# exist before a file is parsed; the objectives' task modules (seed_user_text, ...) are
+# imported by `register`.
 from st5_jax.data import registry as _registry  # noqa: F401
-from st5_jax.data import seed_pretraining as _seed_pretraining  # noqa: F401
 
 _REGISTERED = False
 
@@ -33,19 +33,15 @@ def st5_model(size: str = "t5_base", *, pooling: str = "enc_mean", embedding_dim
               normalize: bool = True, max_length: int = 128, dtype: str | None = None,
               dropout_rate: float = 0.1, scan_layers: bool = False, remat_policy: str = "none",
               layer_attention_token: str = "first", layer_attention_norm: bool = True,
-              nli_classes: int = 0, **t5_overrides: Any) -> configs.ST5Config:
-  """An ST5Config from a named T5 size; dtype None = bfloat16 on accelerators, float32 on CPU.
-
-  nli_classes: the training-only NLI classifier of ConSERT's joint objective (3 for NLI;
-  0: none). It is dropped at inference and export.
-  """
+              **t5_overrides: Any) -> configs.ST5Config:
+  """An ST5Config from a named T5 size; dtype None = bfloat16 on accelerators, float32 on CPU."""
   if dtype is None:
     dtype = inference.default_dtype()
   t5 = configs.t5_size(size, dtype=dtype, dropout_rate=dropout_rate, scan_layers=scan_layers,
                        remat_policy=remat_policy, **t5_overrides)
   return configs.ST5Config(t5=t5, pooling=pooling, embedding_dim=embedding_dim, normalize=normalize,
                            max_length=max_length, layer_attention_token=layer_attention_token,
-                           layer_attention_norm=layer_attention_norm, nli_classes=nli_classes)
+                           layer_attention_norm=layer_attention_norm)
 
 
 def register() -> None:
@@ -56,7 +52,10 @@ def register() -> None:
   gin.external_configurable(optim.OptimizerConfig, "OptimizerConfig")
   gin.external_configurable(train.TrainConfig, "TrainConfig")
   gin.external_configurable(train.DataConfig, "DataConfig")
-  gin.external_configurable(configs.SeedEncoderConfig, "SeedEncoderConfig")
+  # Every registered objective, by its class name: TrainConfig.objective = @ConsertJoint().
+  for cls in objectives.REGISTRY.values():
+    gin.external_configurable(cls, cls.__name__)
+  objectives.import_all_tasks()
   gin.external_configurable(partitioning.MeshConfig, "MeshConfig")
   gin.external_configurable(partitioning.rules_from_pairs, "logical_rules")
   _REGISTERED = True
@@ -87,6 +86,32 @@ class GinConfigError(ValueError):
 _PARSED_FILES: list[str] = []
 
 
+DEFAULT_OBJECTIVE_BINDING = "TrainConfig.objective = @Contrastive()"
+
+# Bindings that moved when objectives became configurables (2026-12): old -> what to write.
+MOVED_BINDINGS = {
+    **{f"TrainConfig.{k}": f"Contrastive.{k} (with TrainConfig.objective = @Contrastive(), the default)"
+       for k in ("temperature", "bidirectional", "label_smoothing", "loss", "hard_negative_weight")},
+    **{f"TrainConfig.consert_{k}": f"ConsertUnsup.{k} or ConsertJoint.{k} (TrainConfig.objective = @ConsertUnsup() "
+                                   "or @ConsertJoint())"
+       for k in ("view1", "view1_rate", "view2", "view2_rate", "temperature", "weight", "shuffle")},
+    "TrainConfig.seed_encoder": "TrainConfig.objective = @SeedEncoder() (its settings: SeedEncoder.num_layers, ...)",
+    "SeedEncoderConfig": "SeedEncoder (TrainConfig.objective = @SeedEncoder(); SeedEncoder.num_layers, .window, "
+                         ".memory, .decoder_loss_weight)",
+    "st5_model.nli_classes": "ConsertJoint.nli_classes (the NLI head is ConSERT's joint objective's own)",
+}
+
+
+def _moved_hint(message: str) -> str:
+  """' (moved: write X)' when `message` is about a binding of MOVED_BINDINGS."""
+  for old in sorted(MOVED_BINDINGS, key=len, reverse=True):
+    name, _, arg = old.rpartition(".")
+    if old in message or (name and f"'{name}'" in message and f"'{arg}'" in message) or (
+        not name and f"'{arg}'" in message):
+      return f" ({old} moved: write {MOVED_BINDINGS[old]})"
+  return ""
+
+
 def _one_line(e: BaseException) -> str:
   """gin's 'message\n  In file "f", line n\n    text' as 'f:n: text: message'."""
   if isinstance(e, SyntaxError) and e.filename:
@@ -107,9 +132,12 @@ def parse(files: list[str], bindings: list[str], *, finalize: bool = False) -> N
   register()
   _PARSED_FILES[:] = list(files)
   try:
+    # The default objective made by gin, so that `Contrastive.*` bindings reach it in any file.
+    gin.parse_config(DEFAULT_OBJECTIVE_BINDING)
     gin.parse_config_files_and_bindings(files, bindings, finalize_config=finalize)
   except (ValueError, OSError, SyntaxError, TypeError) as e:
-    raise GinConfigError(_one_line(e)) from e
+    line = _one_line(e)
+    raise GinConfigError(line + _moved_hint(line)) from e
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,13 +1,15 @@
-"""Multi-process (multi-host) start-up and synchronisation."""
+"""Multi-process (multi-host) start-up and synchronisation; the preemption / Ctrl-C stop flag."""
 
 from __future__ import annotations
 
 import itertools
 import logging
 import os
+import signal
 from typing import Any, Callable
 
 import jax
+from jax.experimental import multihost_utils
 from orbax.checkpoint import multihost as ocp_multihost
 
 log = logging.getLogger(__name__)
@@ -57,3 +59,47 @@ def compile_together(fn: Any, *args, name: str) -> Callable:
   compiled = fn.lower(*args).compile()
   barrier(f"compiled:{name}")
   return compiled
+
+
+class StopFlag:
+  """Turns SIGTERM/SIGINT (TPU preemption, Ctrl-C) into a checkpoint and a clean exit.
+
+  One process: Python signal handlers. Several processes must stop at the same step or
+  the next collective hangs: JAX's preemption service (started by
+  jax.distributed.initialize) catches SIGTERM on any host and the hosts agree on the
+  step (`multihost_utils.reached_preemption_sync_point`, called at every step). A Python
+  SIGTERM handler would replace the service's, so none is installed then.
+  """
+
+  def __init__(self):
+    self.signum: int | None = None
+    self._old = {}
+    self._multi = jax.process_count() > 1
+
+  def should_stop(self, step: int) -> bool:
+    """Call once per step, with the same step on every process."""
+    if self._multi and self.signum is None and multihost_utils.reached_preemption_sync_point(step):
+      self.signum = signal.SIGTERM
+      log.warning("Preemption notice (SIGTERM on some host): saving a checkpoint at step %d and exiting.", step)
+    return self.signum is not None
+
+  def __enter__(self):
+    if self._multi:
+      return self
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._old[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread: leave signals alone
+        pass
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.signum is not None:  # second signal: stop now
+      raise KeyboardInterrupt
+    self.signum = signum
+    log.warning("Received %s: will save a checkpoint after the current step and exit.", signal.Signals(signum).name)
+
+  def __exit__(self, *exc):
+    for sig, old in self._old.items():
+      signal.signal(sig, old)

@@ -15,6 +15,7 @@ import jax  # noqa: E402
 
 import synthetic  # noqa: E402
 from st5_jax import configs, multihost, optim, partitioning, train  # noqa: E402
+from st5_jax.objectives import ConsertUnsup  # noqa: E402
 
 # Shared with the test, which recomputes the first step's loss in one process.
 MODEL = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0, vocab_size=384), embedding_dim=16,
@@ -24,8 +25,8 @@ MODEL = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0, vocab_
 def train_config(steps):
   # enc_first: the faithful shuffle (per-example relative bias) is what runs.
   return train.TrainConfig(num_train_steps=steps, global_batch_size=16, checkpoint_every=steps, log_every=1,
-                           eval_every=-1, objective="consert_unsup", consert_view1="shuffle",
-                           consert_view2="feature_cutoff", consert_view2_rate=0.2,
+                           eval_every=-1, objective=ConsertUnsup(view1="shuffle", view2="feature_cutoff",
+                                                                 view2_rate=0.2),
                            optimizer=optim.OptimizerConfig(learning_rate=1e-2, epsilon1=1e-6))
 
 

@@ -19,10 +19,12 @@ import synthetic
 from st5_jax import configs, losses, optim, partitioning, train
 from st5_jax import vocab as vocab_lib
 from st5_jax.checkpoints import tree
-from st5_jax.consert import augment, objective
+from st5_jax.objectives import ConsertJoint, ConsertUnsup
+from st5_jax.objectives.consert import augment, objective
 from st5_jax.features import LABELS, LEFT, RIGHT
 from st5_jax.model import SentenceT5, t5 as t5_lib
-from st5_jax.model.st5 import abstract_params, nli_pair_features
+from st5_jax.model.st5 import abstract_params
+from st5_jax.objectives.consert.model import nli_pair_features
 
 TINY = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0, vocab_size=384), embedding_dim=16)
 RATES = (0.1, 0.15, 0.2, 0.3, 0.7)
@@ -59,8 +61,14 @@ def fresh_compiles():
   compilation_cache.reset_cache()
 
 
-def _params(cfg, seed=0):
-  return nn.unbox(SentenceT5(cfg).init(jax.random.PRNGKey(seed), jnp.ones((1, 8), jnp.int32))["params"])
+def _params(cfg, seed=0, objective=None):
+  module = SentenceT5(cfg) if objective is None else objective.make_model(cfg)
+  return nn.unbox(module.init(jax.random.PRNGKey(seed), jnp.ones((1, 8), jnp.int32))["params"])
+
+
+def _vg(tc, cfg, module):
+  """The objective's (params, batch, key) -> ((loss, metrics), grads), without re-boxing."""
+  return tc.objective.make_value_and_grad(module, None, cfg, tc)
 
 
 # ------------------------------------------------------------------------ augmentations
@@ -313,16 +321,16 @@ def test_nli_head_features_parameters_and_logical_axes():
   want = np.concatenate([u, v, np.abs(u - v), np.maximum(u, v) ** 2], axis=1)
   np.testing.assert_allclose(np.asarray(nli_pair_features(jnp.asarray(u), jnp.asarray(v))), want, rtol=1e-6)
 
-  cfg = TINY.replace(nli_classes=3)
-  boxed = abstract_params(cfg)
+  cfg, joint = TINY, ConsertJoint()
+  boxed = joint.abstract_params(cfg)
   specs = {k: tuple(s) for k, s in tree.flatten(nn.get_partition_spec(boxed)).items()}
   assert specs["nli_classifier/kernel"] == ("nli_features", "nli_classes")
   assert specs["nli_classifier/bias"] == ("nli_classes",)
   shapes = tree.flatten(nn.unbox(boxed))
   assert shapes["nli_classifier/kernel"].shape == (4 * 16, 3) and shapes["nli_classifier/bias"].shape == (3,)
   assert "nli_classifier/kernel" not in tree.flatten(nn.unbox(abstract_params(TINY)))
-  params = _params(cfg)
-  model = SentenceT5(cfg)
+  params = _params(cfg, objective=joint)
+  model = joint.make_model(cfg)
   u16, v16 = (jnp.asarray(np.random.default_rng(6).normal(size=(3, 16)), jnp.float32) for _ in range(2))
   logits = model.apply({"params": params}, u16, v16, method="classify")
   w, bias = params["nli_classifier"]["kernel"], params["nli_classifier"]["bias"]
@@ -334,16 +342,20 @@ def test_nli_head_features_parameters_and_logical_axes():
                                                                              if k != "nli_classifier"}},
                                                                   jnp.ones((2, 5), jnp.int32))))
   with pytest.raises(ValueError, match="nli_classes"):
-    configs.ST5Config(nli_classes=1)
+    ConsertJoint(nli_classes=1)
 
 
 # ---------------------------------------------------------------------------- objectives
 
 
 def _tc(objective, views=("none", 0.0, "none", 0.0), **kw):
+  """A TrainConfig with a ConSERT objective; its settings as keywords (view1=..., weight=..., nli_classes=...)."""
+  fields = {"view1", "view1_rate", "view2", "view2_rate", "temperature", "weight", "shuffle", "nli_classes"}
+  settings = dict(view1=views[0], view1_rate=views[1], view2=views[2], view2_rate=views[3])
+  settings.update({k: kw.pop(k) for k in list(kw) if k in fields})
+  cls = {"consert_unsup": ConsertUnsup, "consert_joint": ConsertJoint}.get(objective)
   base = dict(num_train_steps=8, global_batch_size=16, checkpoint_every=100, log_every=1, eval_every=-1,
-              objective=objective, consert_view1=views[0], consert_view1_rate=views[1],
-              consert_view2=views[2], consert_view2_rate=views[3],
+              objective=cls(**settings) if cls else objective,
               optimizer=optim.OptimizerConfig(learning_rate=1e-2, epsilon1=1e-6))
   base.update(kw)
   return train.TrainConfig(**base)
@@ -357,17 +369,17 @@ def _batch(kind, B=16, seed=0):
 
 @pytest.mark.parametrize("objective_name,views,model", [
     ("consert_unsup", ("shuffle", 0.0, "feature_cutoff", 0.2), TINY.replace(pooling="enc_first")),
-    ("consert_joint", ("none", 0.0, "token_cutoff", 0.1), TINY.replace(nli_classes=3)),
-    ("consert_joint", ("span_cutoff", 0.2, "dropout", 0.2), TINY.replace(nli_classes=3)),
+    ("consert_joint", ("none", 0.0, "token_cutoff", 0.1), TINY),
+    ("consert_joint", ("span_cutoff", 0.2, "dropout", 0.2), TINY),
 ])
 def test_grad_cache_equals_the_full_batch_gradient(objective_name, views, model):
   batch = _batch("sentences" if objective_name == "consert_unsup" else "nli")
-  params = _params(model)
-  sm = SentenceT5(model)
+  tc = _tc(objective_name, views)
+  params = _params(model, objective=tc.objective)
+  sm = tc.objective.make_model(model)
   key = jax.random.PRNGKey(3)
-  full = objective.make_value_and_grad(model=sm, boxed_params=None, train_config=_tc(objective_name, views))
-  cached = objective.make_value_and_grad(model=sm, boxed_params=None,
-                                         train_config=_tc(objective_name, views, grad_cache_chunks=4))
+  full = _vg(tc, model, sm)
+  cached = _vg(_tc(objective_name, views, grad_cache_chunks=4), model, sm)
   (loss, metrics), grads = jax.jit(full)(params, batch, key)
   (loss_c, metrics_c), grads_c = jax.jit(cached)(params, batch, key)
   assert float(loss_c) == pytest.approx(float(loss), rel=1e-5)
@@ -377,20 +389,20 @@ def test_grad_cache_equals_the_full_batch_gradient(objective_name, views, model)
   assert flat.keys() == flat_c.keys()
   for k in flat:
     np.testing.assert_allclose(flat_c[k], flat[k], atol=1e-5, rtol=1e-4, err_msg=k)
-  if model.nli_classes:
+  if objective_name == "consert_joint":
     assert np.abs(flat["nli_classifier/kernel"]).max() > 0
 
 
 def test_joint_loss_is_cross_entropy_plus_weighted_nt_xent_directions():
-  model = TINY.replace(nli_classes=3)
+  model = TINY
   batch = _batch("nli")
-  params = _params(model)
-  sm = SentenceT5(model)
-  tc = _tc("consert_joint", ("none", 0.0, "token_cutoff", 0.1), consert_weight=0.15)
+  tc = _tc("consert_joint", ("none", 0.0, "token_cutoff", 0.1), weight=0.15)
+  params = _params(model, objective=tc.objective)
+  sm = tc.objective.make_model(model)
   key = jax.random.PRNGKey(4)
-  (loss, metrics), _ = objective.make_value_and_grad(model=sm, boxed_params=None, train_config=tc)(params, batch, key)
+  (loss, metrics), _ = _vg(tc, model, sm)(params, batch, key)
   # Recompute from the towers: CE of the first views, + 0.15 (loss_a + loss_b) per side.
-  spec = objective.spec_from_config(tc, model)
+  spec = tc.objective.spec(model, tc)
   tower = objective.Tower(sm, None, shuffle_tokens=spec.shuffle_tokens)
   embs = {n: np.asarray(tower(params, *t)) for n, t in objective.plan_towers(spec, batch, key, dim=32).items()}
   f = np.asarray(nli_pair_features(embs["premise1"], embs["hypothesis1"]))
@@ -405,12 +417,12 @@ def test_joint_loss_is_cross_entropy_plus_weighted_nt_xent_directions():
 
 
 def test_adversarial_view_perturbs_the_first_view_by_fgv_of_the_nli_gradient():
-  model = TINY.replace(nli_classes=3)
+  model = TINY
   batch = _batch("nli")
-  params = _params(model)
-  sm = SentenceT5(model)
   tc = _tc("consert_joint", ("none", 0.0, "adversarial", 0.5))
-  spec = objective.spec_from_config(tc, model)
+  params = _params(model, objective=tc.objective)
+  sm = tc.objective.make_model(model)
+  spec = tc.objective.spec(model, tc)
   tower = objective.Tower(sm, None, shuffle_tokens=spec.shuffle_tokens)
   towers = objective.plan_towers(spec, batch, jax.random.PRNGKey(5), dim=32)
   embs = objective._adversarial_embeddings(tower, spec, params, batch, towers)
@@ -432,14 +444,13 @@ def test_adversarial_view_perturbs_the_first_view_by_fgv_of_the_nli_gradient():
     np.testing.assert_allclose(np.asarray(embs[f"{side}1"]), np.asarray(sm.apply({"params": params}, tok)),
                                atol=1e-6)
     assert np.abs(np.asarray(embs[f"{side}2"]) - np.asarray(embs[f"{side}1"])).max() > 1e-3
-  (loss, m), grads = jax.jit(objective.make_value_and_grad(model=sm, boxed_params=None, train_config=tc))(
-      params, batch, jax.random.PRNGKey(5))
+  (loss, m), grads = jax.jit(_vg(tc, model, sm))(params, batch, jax.random.PRNGKey(5))
   assert np.isfinite(float(loss)) and all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
 
 
 @pytest.mark.parametrize("objective_name,views,model,chunks", [
     ("consert_unsup", ("feature_cutoff", 0.2, "shuffle", 0.0), TINY, 0),
-    ("consert_joint", ("none", 0.0, "token_cutoff", 0.1), TINY.replace(nli_classes=3, pooling="enc_first"), 2),
+    ("consert_joint", ("none", 0.0, "token_cutoff", 0.1), TINY.replace(pooling="enc_first"), 2),
 ])
 def test_objectives_train_through_build_on_a_mesh(objective_name, views, model, chunks, fresh_compiles):
   mesh = partitioning.make_mesh(partitioning.MeshConfig(4, 2, 1))
@@ -464,22 +475,22 @@ def test_objectives_train_through_build_on_a_mesh(objective_name, views, model, 
 
 
 @pytest.mark.parametrize("kw,model,match", [
-    (dict(objective="simcse"), TINY, "objective must be"),
-    (dict(consert_view1="cutout"), TINY, "consert_view1 must be one of"),
-    (dict(consert_view2="token_cutoff", consert_view2_rate=0.0), TINY, r"consert_view2_rate must be in \(0, 1\)"),
-    (dict(consert_view1="adversarial", consert_view1_rate=1.0), TINY, "only be the second view"),
-    (dict(consert_view2="adversarial", consert_view2_rate=1.0), TINY, "use objective 'consert_joint'"),
-    (dict(objective="consert_joint"), TINY, "set ST5Config.nli_classes=3"),
-    (dict(consert_shuffle="tokens"), TINY.replace(pooling="enc_first"), "not enc_first"),
-    (dict(objective="consert_joint", consert_view2="adversarial", consert_view2_rate=1.0, grad_cache_chunks=2),
-     TINY.replace(nli_classes=3), "GradCache"),
-    (dict(consert_weight=0.0), TINY, "consert_weight must be > 0"),
+    (dict(objective="simcse"), TINY, "objective must be an objective such as"),
+    (dict(objective="consert_joint", view1="cutout"), TINY, "ConsertJoint.view1 must be one of"),
+    (dict(view1="cutout"), TINY, "ConsertUnsup.view1 must be one of"),
+    (dict(view2="token_cutoff", view2_rate=0.0), TINY, r"ConsertUnsup.view2_rate must be in \(0, 1\)"),
+    (dict(view1="adversarial", view1_rate=1.0), TINY, "only be the second view"),
+    (dict(view2="adversarial", view2_rate=1.0), TINY, r"use @ConsertJoint\(\)"),
+    (dict(objective="consert_joint", nli_classes=1), TINY, "ConsertJoint.nli_classes must be at least 2"),
+    (dict(shuffle="tokens"), TINY.replace(pooling="enc_first"), "not enc_first"),
+    (dict(objective="consert_joint", view2="adversarial", view2_rate=1.0, grad_cache_chunks=2), TINY, "GradCache"),
+    (dict(weight=0.0), TINY, "ConsertUnsup.weight must be > 0"),
+    (dict(temperature=0.0), TINY, "ConsertUnsup.temperature must be > 0"),
 ])
 def test_bad_consert_configs_are_refused_at_build(kw, model, match):
-  tc = _tc(kw.pop("objective", "consert_unsup"), **kw)
   mesh = partitioning.make_mesh(partitioning.MeshConfig(1, 1, 1), devices=jax.devices()[:1])
   with pytest.raises(ValueError, match=match):
-    train.build(model, tc, mesh)
+    train.build(model, _tc(kw.pop("objective", "consert_unsup"), **kw), mesh)
 
 
 # ---------------------------------------------------------- checkpoints, export, continuation
@@ -490,22 +501,22 @@ def test_joint_model_loads_without_its_head_exports_and_continues_unsupervised(t
   from st5_jax.encoder import SentenceEncoder
   from st5_jax.export.api import export_model
 
-  joint_cfg = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0), embedding_dim=16, nli_classes=3)
+  joint_cfg = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0), embedding_dim=16)
   mesh = partitioning.MeshConfig(data=-1, fsdp=2)
   joint_dir = tmp_path / "joint"
   train.train(workdir=joint_dir, model_config=joint_cfg, train_config=_tc("consert_joint", ("none", 0.0, "token_cutoff", 0.1),
                                                                             num_train_steps=2),
               make_iterator=synthetic.nli_factory(), mesh_config=mesh, vocab_file=vocab_path, progress=False)
   saved_cfg, saved, _ = native.load_params(joint_dir)
-  assert saved_cfg.nli_classes == 3 and set(saved["nli_classifier"]) == {"kernel", "bias"}
+  assert saved_cfg == joint_cfg and set(saved["nli_classifier"]) == {"kernel", "bias"}
 
   sentences = ["A man is playing a guitar.", "Two dogs run on the beach.", "Nobody is here."]
   enc = SentenceEncoder.load(str(joint_dir))
-  assert enc.config.nli_classes == 0 and "nli_classifier" not in enc.params
+  assert "nli_classifier" not in enc.params
   emb = enc.encode(sentences)
   tower = {k: v for k, v in saved.items() if k != "nli_classifier"}
   tokens = jnp.asarray(vocab_lib.pad_batch(enc.tokenizer.encode(sentences, max_length=128), 16))
-  direct = SentenceT5(joint_cfg.replace(nli_classes=0)).apply({"params": tower}, tokens)
+  direct = SentenceT5(joint_cfg).apply({"params": tower}, tokens)
   np.testing.assert_allclose(emb, np.asarray(direct), atol=1e-5)
 
   for fmt in ("sentence-transformers", "savedmodel"):
@@ -515,11 +526,12 @@ def test_joint_model_loads_without_its_head_exports_and_continues_unsupervised(t
 
   # init_from keeps the head for a joint run, drops it for NT-Xent only, initialises a fresh one
   # from a model without it.
-  joint_init = train._load_pretrained(str(joint_dir), joint_cfg, "auto", 0)
+  joint_init = train._load_pretrained(str(joint_dir), joint_cfg, "auto", 0, objective=ConsertJoint())
   np.testing.assert_array_equal(joint_init["nli_classifier"]["kernel"], np.asarray(saved["nli_classifier"]["kernel"]))
-  unsup_cfg = joint_cfg.replace(nli_classes=0)
-  assert "nli_classifier" not in train._load_pretrained(str(joint_dir), unsup_cfg, "auto", 0)
-  fresh = train._load_pretrained(str(tmp_path / "sentence-transformers"), joint_cfg, "auto", 0)
+  unsup_cfg = joint_cfg
+  assert "nli_classifier" not in train._load_pretrained(str(joint_dir), unsup_cfg, "auto", 0, objective=ConsertUnsup())
+  fresh = train._load_pretrained(str(tmp_path / "sentence-transformers"), joint_cfg, "auto", 0,
+                                 objective=ConsertJoint())
   assert fresh["nli_classifier"]["kernel"].shape == (64, 3)
 
   # joint-unsup: NT-Xent only, started from the joint work dir.
@@ -529,6 +541,16 @@ def test_joint_model_loads_without_its_head_exports_and_continues_unsupervised(t
                      progress=False, init_from=str(joint_dir))
   assert cont.step == 2 and cont.summary["init_from"] == str(joint_dir)
   assert np.isfinite(cont.summary["final_metrics"]["loss"])
+
+  # A work dir written before the NLI head moved to the objective (2026-12) has `nli_classes` in
+  # its config: it still loads (the head reported unused) and exports.
+  cfg_path = joint_dir / native.CONFIG_FILE
+  old = json.loads(cfg_path.read_text())
+  old["nli_classes"] = 3
+  cfg_path.write_text(json.dumps(old))
+  np.testing.assert_allclose(SentenceEncoder.load(str(joint_dir)).encode(sentences), emb, atol=1e-5)
+  export_model(str(joint_dir), format="sentence-transformers", out=tmp_path / "old_st", platforms=("cpu",))
+  np.testing.assert_allclose(SentenceEncoder.load(str(tmp_path / "old_st")).encode(sentences), emb, atol=1e-5)
 
 
 # ------------------------------------------------------------------- global batch, 2 processes
@@ -574,9 +596,9 @@ def test_nt_xent_is_over_the_global_batch_across_two_processes(tmp_path):
   mesh1 = partitioning.make_mesh(partitioning.MeshConfig(1, 1, 1), devices=jax.devices()[:1])
   batch = jax.device_get(next(synthetic.SyntheticSentences(mesh1, 16, tc.seed)))
   key = jax.random.fold_in(jax.random.PRNGKey(tc.seed), 0)
-  (loss, _), _ = objective.make_value_and_grad(model=model, boxed_params=None, train_config=tc)(params, batch, key)
+  (loss, _), _ = _vg(tc, worker.MODEL, model)(params, batch, key)
   assert two["losses"][0] == pytest.approx(float(loss), rel=1e-5)
-  spec = objective.spec_from_config(tc, worker.MODEL)
+  spec = tc.objective.spec(worker.MODEL, tc)
   tower = objective.Tower(model, None, shuffle_tokens=spec.shuffle_tokens)
   embs = {n: tower(params, *t) for n, t in objective.plan_towers(spec, batch, key, dim=32).items()}
   per_process = np.mean([0.3 * float(losses.nt_xent_loss(embs["view1"][h], embs["view2"][h], temperature=0.1)[0])
@@ -589,7 +611,7 @@ def test_nt_xent_is_over_the_global_batch_across_two_processes(tmp_path):
 
 def test_sts_sentences_task_is_the_papers_89192_sentences(data_dir):
   import seqio
-  from st5_jax.consert import tasks
+  from st5_jax.objectives.consert import tasks
   from st5_jax.evaluation import readers
 
   sents = tasks.sts_sentences(str(data_dir))
@@ -623,7 +645,7 @@ def test_sts_sentences_task_is_the_papers_89192_sentences(data_dir):
 
 def test_snli_devtest_pairs_task_labels(data_dir):
   import seqio
-  from st5_jax.consert import tasks
+  from st5_jax.objectives.consert import tasks
 
   task = seqio.get_mixture_or_task(tasks.SNLI_DEVTEST_PAIRS)
   folder = data_dir / "nli" / "snli_senteval_devtest"
@@ -642,7 +664,7 @@ def test_snli_devtest_pairs_task_labels(data_dir):
 
 def test_snli_mnli_pairs_task_reads_the_users_jsonl(tmp_path, monkeypatch):
   import seqio
-  from st5_jax.consert import tasks
+  from st5_jax.objectives.consert import tasks
   from st5_jax.data.rows import InputFileError
 
   monkeypatch.setenv("ST5_DATA_DIR", str(tmp_path))

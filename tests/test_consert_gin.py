@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from st5_jax import aot, configs, flops, gin_config, partitioning, train
+from st5_jax.objectives import ConsertJoint, ConsertUnsup
 from st5_jax.commands.train import parse_gin
 from st5_jax.features import LABELS, LEFT, RIGHT
 
@@ -50,12 +51,13 @@ def test_consert_gin_files_describe_the_official_recipes(name):
   spec = _spec(name)
   tc, model = spec.train_config, spec.model
   joint = recipe == "joint"
-  assert tc.objective == ("consert_joint" if joint else "consert_unsup")
-  assert model.nli_classes == (3 if joint else 0)
-  assert (tc.consert_temperature, tc.consert_weight) == (0.1, 0.15)
+  obj = tc.objective
+  assert type(obj) is (ConsertJoint if joint else ConsertUnsup)
+  if joint:
+    assert obj.nli_classes == 3
+  assert (obj.temperature, obj.weight) == (0.1, 0.15)
   view1, rate1, view2, rate2, dropout = VIEWS[recipe]
-  assert (tc.consert_view1, tc.consert_view1_rate, tc.consert_view2, tc.consert_view2_rate) == (
-      view1, rate1, view2, rate2)
+  assert (obj.view1, obj.view1_rate, obj.view2, obj.view2_rate) == (view1, rate1, view2, rate2)
   # Unlabelled single sentences for NT-Xent only; premise, hypothesis (and label) for joint.
   lengths = dict(spec.data.feature_lengths)
   assert set(lengths) == ({"inputs", "targets"} if joint else {"inputs"})
@@ -66,7 +68,7 @@ def test_consert_gin_files_describe_the_official_recipes(name):
     assert model.t5.dtype == "float32" and model.t5.dropout_rate == 0.0  # CPU speed
     # The demo's model, so sup-unsup can start from workdirs/st5_tiny_cpu.
     demo = _spec("st5_tiny_cpu.gin").model
-    assert model.replace(nli_classes=0) == demo
+    assert model == demo
     assert spec.init_from == {"sup_unsup": "workdirs/st5_tiny_cpu",
                               "joint_unsup": "workdirs/consert_joint_tiny_cpu"}.get(recipe)
     return
@@ -95,13 +97,13 @@ def test_consert_gin_files_build_and_trace_their_step(name):
   mesh = partitioning.make_mesh(spec.mesh)
   setup = train.build(spec.model, tc, mesh, spec.rules)
   batch = aot.abstract_batch(mesh, tc.global_batch_size, dict(spec.data.feature_lengths), objective=tc.objective)
-  assert set(batch) == ({LEFT, RIGHT, LABELS} if tc.objective == "consert_joint" else {LEFT})
+  assert set(batch) == ({LEFT, RIGHT, LABELS} if tc.objective.name == "consert_joint" else {LEFT})
   state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                        setup.abstract_state, setup.state_shardings)
   with jax.set_mesh(mesh):
     _, metrics = jax.eval_shape(setup.step_fn, state, batch)
   assert {"loss", "accuracy", "grad_norm"} <= set(metrics)
-  if tc.objective == "consert_joint":
+  if tc.objective.name == "consert_joint":
     assert {"nli_loss", "nt_xent_premise", "nt_xent_hypothesis"} <= set(metrics)
     assert "nli_classifier" in setup.abstract_state.params
 
@@ -119,15 +121,15 @@ def test_abstract_batch_and_flops_follow_the_objective():
   cfg = configs.ST5Config(t5=configs.t5_size("t5_tiny"), embedding_dim=16)
   enc = flops.encoder_forward_flops
   # Two views of each sentence set, forward + backward, plus the [2B, 2B] similarities.
-  assert flops.train_step_flops(cfg, global_batch_size=16, lengths={"inputs": 8}, objective="consert_unsup") == (
+  assert ConsertUnsup().step_flops(cfg, global_batch_size=16, lengths={"inputs": 8}) == (
       3 * (2 * 16 * enc(cfg, 8) + 2 * 32 ** 2 * 16))
-  assert flops.train_step_flops(cfg, global_batch_size=16, lengths=lengths, objective="consert_joint") == (
+  assert ConsertJoint().step_flops(cfg, global_batch_size=16, lengths=lengths) == (
       3 * (2 * 16 * (enc(cfg, 8) + enc(cfg, 6)) + 2 * 2 * 32 ** 2 * 16))
 
 
-def test_st5_model_gin_binds_nli_classes():
-  parse_gin(["consert_joint_tiny_cpu.gin"], ["st5_model.nli_classes = 4"])
-  assert gin_config.run_spec().model.nli_classes == 4
+def test_gin_binds_the_nli_classes_of_the_joint_objective():
+  parse_gin(["consert_joint_tiny_cpu.gin"], ["ConsertJoint.nli_classes = 4"])
+  assert gin_config.run_spec().train_config.objective.nli_classes == 4
 
 
 AOT_TINY = """
@@ -185,7 +187,7 @@ def test_consert_recipes_train_end_to_end_from_the_gin_files(tmp_path):
   assert [r["step"] for r in rows] == [1, 2, 3]
   assert all(np.isfinite(r["train/loss"]) and r["train/nli_loss"] > 0 and r["train/nt_xent_premise"] > 0
              for r in rows)
-  assert json.loads((joint_dir / "train_config.json").read_text())["objective"] == "consert_joint"
+  assert json.loads((joint_dir / "train_config.json").read_text())["objective"]["name"] == "consert_joint"
   assert json.loads((joint_dir / "st5_config.json").read_text())["nli_classes"] == 3
 
   rows = _st5_train("consert_joint_unsup_tiny_cpu.gin", unsup_dir, f"--gin.run.init_from='{joint_dir}'",

@@ -85,7 +85,7 @@ def test_wrong_type_from_the_command_line(gin_dir):
 
 
 def test_an_int_where_a_float_is_expected_is_fine(gin_dir):
-  assert _spec(gin_dir, "include 'base.gin'\nTrainConfig.temperature = 1\n").train_config.temperature == 1
+  assert _spec(gin_dir, "include 'base.gin'\nContrastive.temperature = 1\n").train_config.objective.temperature == 1
 
 
 def test_missing_include(gin_dir):

@@ -13,6 +13,7 @@ import jax
 import pytest
 
 from st5_jax import aot, configs, gin_config, partitioning
+from st5_jax.objectives import Contrastive
 from st5_jax.commands.train import parse_gin
 from st5_jax.model import abstract_params
 
@@ -88,11 +89,11 @@ def test_run_files_state_what_they_target(name):
   if name == "st5_base_lap_stage2.gin" or name == "st5_large_lap_stage2.gin":
     # LayerAttPooler's stage 2 uses its paper's SimCSE loss: cosine logits at 0.05, hard-negative weight 1.
     want.update(temperature=0.05)
-    assert (tc.objective, tc.loss, tc.hard_negative_weight) == ("st5", "simcse", 1.0)
+    assert (tc.objective.name, tc.objective.loss, tc.objective.hard_negative_weight) == ("contrastive", "simcse", 1.0)
   else:
-    assert (tc.objective, tc.loss, tc.hard_negative_weight, tc.bidirectional) == ("st5", "st5", 0.0, False)
+    assert tc.objective == Contrastive(temperature=0.01)
   assert dict(learning_rate=opt.learning_rate, constant_fraction=opt.constant_fraction,
-              temperature=spec.train_config.temperature, embedding_dim=spec.model.embedding_dim,
+              temperature=spec.train_config.objective.temperature, embedding_dim=spec.model.embedding_dim,
               decay_rate=opt.decay_rate, clipping_threshold=opt.clipping_threshold, momentum=opt.momentum) == want
   assert spec.model.t5.dtype == "bfloat16" and spec.model.t5.scan_layers
   assert spec.model.pooling == ("layer_attention" if "_lap" in name else "encdec_first" if "_encdec" in name

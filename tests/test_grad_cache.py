@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import synthetic
-from st5_jax import configs, features, grad_cache, losses, optim, partitioning, train
+from st5_jax import configs, features, losses, optim, partitioning, train
+from st5_jax.objectives import contrastive, grad_cache
 from st5_jax.checkpoints import tree
 from st5_jax.model import SentenceT5
 
@@ -30,7 +31,7 @@ def test_grad_cache_equals_full_batch_gradient(chunks, negatives, bidirectional)
   loss_kw = dict(temperature=0.01, bidirectional=bidirectional, label_smoothing=0.0)
   (loss, metrics), grads = jax.jit(lambda p, b: _full_grad(model, p, b, loss_kw))(params, batch)
   (loss_c, metrics_c), grads_c = jax.jit(
-      lambda p, b: grad_cache.value_and_grad(train.make_embed_fn(model), p, b, jax.random.PRNGKey(1),
+      lambda p, b: contrastive.grad_cache_value_and_grad(train.make_embed_fn(model), p, b, jax.random.PRNGKey(1),
                                              chunks=chunks, loss_kw=loss_kw)
   )(params, batch)
   assert float(loss_c) == pytest.approx(float(loss), rel=1e-5)
@@ -83,7 +84,7 @@ def test_grad_cache_with_dropout_equals_the_gradient_of_its_masks():
     return losses.in_batch_softmax_loss(e[features.LEFT], e[features.RIGHT], e[features.RIGHT_NEG], **loss_kw)
 
   (loss, _), grads = jax.jit(jax.value_and_grad(chunked_loss, has_aux=True))(params)
-  (loss_c, _), grads_c = jax.jit(lambda p: grad_cache.value_and_grad(embed, p, batch, key, chunks=chunks,
+  (loss_c, _), grads_c = jax.jit(lambda p: contrastive.grad_cache_value_and_grad(embed, p, batch, key, chunks=chunks,
                                                                       loss_kw=loss_kw))(params)
   (loss_det, _), _ = jax.jit(lambda p: _full_grad(model, p, batch, loss_kw))(params)
   assert abs(float(loss) - float(loss_det)) > 1e-3  # the dropout is really on
@@ -95,4 +96,4 @@ def test_grad_cache_with_dropout_equals_the_gradient_of_its_masks():
 
 def test_indivisible_chunks_are_an_error():
   with pytest.raises(ValueError, match="not divisible into 3 chunks"):
-    grad_cache._split(jnp.zeros((16, 4)), 3)
+    grad_cache.split(jnp.zeros((16, 4)), 3)

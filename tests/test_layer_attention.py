@@ -11,6 +11,7 @@ import pytest
 
 import synthetic
 from st5_jax import SentenceEncoder, configs, losses, optim, partitioning, train
+from st5_jax.objectives import Contrastive
 from st5_jax.checkpoints import hf, native, tree
 from st5_jax.checkpoints.loader import load_model
 from st5_jax.model import SentenceT5, init_params
@@ -251,7 +252,7 @@ def test_head_parameters_have_logical_axes(scan):
 
 
 LAP_TINY = _lap_config(vocab_size=384, dropout_rate=0.0, scan_layers=True, remat_policy="full")
-SIMCSE = dict(loss="simcse", temperature=0.05, hard_negative_weight=1.0)
+SIMCSE = dict(objective=Contrastive(loss="simcse", temperature=0.05, hard_negative_weight=1.0))
 
 
 def _one_step(mesh, model=LAP_TINY):
@@ -304,8 +305,7 @@ def _np_simcse(z1, z2, z3, temp, weight):
 def test_simcse_loss_matches_the_official_formula(weight):
   rng = np.random.default_rng(0)
   z1, z2, z3 = (rng.normal(size=(6, 8)) * 3 for _ in range(3))  # not unit length: cosine normalises
-  kw = train.TrainConfig(num_train_steps=1, global_batch_size=6, loss="simcse", temperature=0.05,
-                         hard_negative_weight=weight).loss_kwargs()
+  kw = Contrastive(loss="simcse", temperature=0.05, hard_negative_weight=weight).loss_kwargs()
   loss, metrics = losses.in_batch_softmax_loss(jnp.asarray(z1), jnp.asarray(z2), jnp.asarray(z3), **kw)
   assert float(loss) == pytest.approx(_np_simcse(z1, z2, z3, 0.05, weight), rel=1e-5)
   # Metrics report similarities, not the weighted logits.
@@ -327,9 +327,9 @@ def test_simcse_without_weight_is_the_st5_loss_on_unit_vectors():
 
 def test_loss_options_are_checked():
   with pytest.raises(ValueError, match="loss must be one of"):
-    train.TrainConfig(num_train_steps=1, global_batch_size=2, loss="infonce")
-  with pytest.raises(ValueError, match="TrainConfig.loss = 'simcse'"):
-    train.TrainConfig(num_train_steps=1, global_batch_size=2, hard_negative_weight=1.0)
+    Contrastive(loss="infonce")
+  with pytest.raises(ValueError, match="Contrastive.loss = 'simcse'"):
+    Contrastive(hard_negative_weight=1.0)
   with pytest.raises(ValueError, match="similarity"):
     losses.in_batch_softmax_loss(jnp.ones((2, 3)), jnp.ones((2, 3)), similarity="l2")
   with pytest.raises(ValueError, match="layer_attention_token"):

@@ -12,19 +12,22 @@ import seqio
 import tensorflow as tf
 
 import synthetic
-from st5_jax import configs, features, optim, partitioning, seed_encoder, train
+from st5_jax import configs, features, optim, partitioning, train
+from st5_jax.objectives import SeedEncoder
+from st5_jax.objectives.seed_encoder import objective as seed_objective
+from st5_jax.objectives.seed_encoder import objective as seed_encoder
 from st5_jax.checkpoints import native, tree
-from st5_jax.data import span_corruption as sc
+from st5_jax.objectives.seed_encoder import span_corruption as sc
 from st5_jax.data.vocabulary import T5Vocabulary
 from st5_jax.checkpoints.loader import load_model
 from st5_jax.model import t5
-from st5_jax.model import weak_decoder as wd
+from st5_jax.objectives.seed_encoder import weak_decoder as wd
 from st5_jax.model.st5 import SentenceT5
 
 GOLDEN = pathlib.Path(__file__).parent / "golden" / "t5_span_corruption.json"
 VOCAB = 384
 TINY = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0, vocab_size=VOCAB), embedding_dim=16)
-SEED = configs.SeedEncoderConfig()
+SEED = SeedEncoder()
 
 
 # ------------------------------------------------------------- NumPy re-derivations
@@ -264,7 +267,7 @@ def test_window_mask_matches_numpy(k):
 def test_prediction_sees_only_the_window_and_the_vector(layers, k):
   """With the memory vector fixed, output i changes with input j iff (window mask ^ layers)[i, j]."""
   T = 12
-  seed = configs.SeedEncoderConfig(num_layers=layers, window=k)
+  seed = SeedEncoder(num_layers=layers, window=k)
   model, params = wd.SeedEncoderPretrainer(TINY, seed), _params(seed=seed)
   rng = np.random.default_rng(layers * 10 + k)
   enc = np.repeat(_tokens(rng, 1, 10), T + 1, axis=0)
@@ -296,7 +299,7 @@ def _dec_loss(model, params, enc, weak_targets, interceptor=None):
                                             ("encdec_first", "pooled")])
 def test_weak_decoder_reads_the_encoder_only_through_one_memory_slot(pooling, memory):
   cfg = TINY.replace(pooling=pooling)
-  seed = configs.SeedEncoderConfig(num_layers=2, memory=memory)
+  seed = SeedEncoder(num_layers=2, memory=memory)
   model, params = wd.SeedEncoderPretrainer(cfg, seed), _params(cfg, seed)
   rng = np.random.default_rng(1)
   enc, weak = _tokens(rng, 3, 10), _tokens(rng, 3, 9)
@@ -398,7 +401,7 @@ def test_parameter_tree_is_sentence_t5s_plus_the_weak_decoder(size, pooling):
 
 
 def test_scanned_and_rematerialised_weak_decoder_match_the_loop():
-  seed = configs.SeedEncoderConfig(num_layers=3, window=2)
+  seed = SeedEncoder(num_layers=3, window=2)
   params = _params(seed=seed)
   scanned_cfg = TINY.replace(t5=TINY.t5.replace(scan_layers=True, remat_policy="full"))
   flat = tree.stack_layers(tree.flatten(params))
@@ -417,17 +420,17 @@ def test_scanned_and_rematerialised_weak_decoder_match_the_loop():
 
 def test_memory_and_bad_configs():
   with pytest.raises(ValueError, match="needs a projection"):
-    _params(TINY.replace(embedding_dim=None), configs.SeedEncoderConfig(memory="projected"))
+    _params(TINY.replace(embedding_dim=None), SeedEncoder(memory="projected"))
   for bad, msg in [(dict(num_layers=0), "num_layers"), (dict(window=0), "window"),
                    (dict(memory="cls"), "memory must be one of"), (dict(decoder_loss_weight=-1), ">= 0")]:
     with pytest.raises(ValueError, match=msg):
-      configs.SeedEncoderConfig(**bad)
+      SeedEncoder(**bad)
   mesh = partitioning.make_mesh(partitioning.MeshConfig(8, 1, 1))
-  with pytest.raises(ValueError, match="objective must be one of .*got 'mlm'"):
+  with pytest.raises(ValueError, match="objective must be an objective such as .*got 'mlm'"):
     train.build(TINY, _tc(objective="mlm"), mesh)
   with pytest.raises(ValueError, match="grad_cache_chunks applies to the contrastive"):
     train.build(TINY, _tc(grad_cache_chunks=2), mesh)
-  with pytest.raises(ValueError, match="needs its value_and_grad"):
+  with pytest.raises(ValueError, match="needs the objective.s value_and_grad"):
     train.make_train_step(None, None, _tc(), None)
 
 
@@ -482,12 +485,12 @@ class SyntheticSpanCorruption(synthetic.SyntheticPairs):
       for key, toks in (("inputs", np_unique_sentinels(text, mask, self.sentinel)),
                         ("targets", np_unique_sentinels(text, ~mask, self.sentinel)), ("uncorrupted", list(text))):
         rows[key][r, :len(toks) + 1] = toks + [1]
-    return {features.SEED_MODEL_FEATURE_NAMES[k]: v for k, v in rows.items()}
+    return {seed_objective.MODEL_FEATURE_NAMES[k]: v for k, v in rows.items()}
 
 
 def _tc(**kw):
   base = dict(num_train_steps=20, global_batch_size=16, checkpoint_every=100, log_every=1, eval_every=-1,
-              objective="seed_encoder", seed_encoder=configs.SeedEncoderConfig(num_layers=1),
+              objective=SeedEncoder(num_layers=1),
               optimizer=optim.OptimizerConfig(learning_rate=1e-2, epsilon1=1e-6))
   base.update(kw)
   return train.TrainConfig(**base)
@@ -532,7 +535,7 @@ def test_objective_loss_goes_down_and_weight_zero_skips_the_weak_decoder():
   # the vector); it must still improve.
   assert np.mean([r["dec_loss"] for r in m[-2:]]) < np.mean([r["dec_loss"] for r in m[:2]]) - 0.4
   first, last, m0 = _steps(partitioning.MeshConfig(8, 1, 1), 2,
-                           tc=_tc(seed_encoder=configs.SeedEncoderConfig(num_layers=1, decoder_loss_weight=0.0)))
+                           tc=_tc(objective=SeedEncoder(num_layers=1, decoder_loss_weight=0.0)))
   assert "dec_loss" not in m0[0] and m0[0]["loss"] == m0[0]["span_loss"]
   weak = [k for k in last if k.startswith("weak_decoder/")]
   assert weak and all(np.array_equal(tree.flatten(first)[k], last[k]) for k in weak)
@@ -544,7 +547,7 @@ def test_missing_features_are_named():
   with jax.set_mesh(mesh):
     state = train.init_state(setup, TINY, seed=0)
     batch = next(SyntheticSpanCorruption(mesh, 16, 0))
-    del batch[features.SEED_WEAK_DECODER_TARGETS]
+    del batch[seed_objective.WEAK_DECODER_TARGETS]
     with pytest.raises(KeyError, match="missing \\['weak_decoder_target_tokens'\\]"):
       setup.step_fn(state, batch)
 
@@ -586,7 +589,7 @@ def test_pretrained_work_dir_initialises_an_st5_run(tmp_path, vocab_path, poolin
 
 def test_scanned_weak_decoder_names_stack_and_unstack():
   """A scanned seed_encoder model's parameter names are stack_layers of the unrolled ones (weak decoder too)."""
-  seed_cfg = configs.SeedEncoderConfig(num_layers=2)
+  seed_cfg = SeedEncoder(num_layers=2)
 
   def names(scan):
     cfg = TINY.replace(t5=TINY.t5.replace(scan_layers=scan, remat_policy="full" if scan else "none"))

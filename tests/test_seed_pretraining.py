@@ -1,4 +1,4 @@
-"""SEED-Encoder pre-training data (st5_jax.data.seed_pretraining), gin files, and init from T5 checkpoints."""
+"""SEED-Encoder pre-training data (st5_jax.objectives.seed_encoder.tasks), gin files, and init from T5 checkpoints."""
 
 import json
 import os
@@ -14,7 +14,10 @@ import tensorflow as tf
 import torch
 import transformers
 
-from st5_jax import configs, features, optim, seed_encoder, train
+from st5_jax import configs, features, optim, train
+from st5_jax.objectives import SeedEncoder
+from st5_jax.objectives.seed_encoder import objective as seed_objective
+from st5_jax.objectives.seed_encoder import objective as seed_encoder
 from st5_jax.checkpoints import loader, native, tree
 from st5_jax.commands.train import parse_gin
 from st5_jax.data import overlap, seed_pretraining as sp, span_corruption as sc
@@ -27,8 +30,8 @@ SENTINEL = 32099  # <extra_id_0> of the T5 vocabulary
 
 def _uncorrupt_rows(batch):
   """Every row's inputs+targets merged back == its uncorrupted segment (all EOS-terminated)."""
-  enc, dec, weak = (batch[k] for k in (features.SEED_ENCODER_INPUTS, features.SEED_DECODER_TARGETS,
-                                       features.SEED_WEAK_DECODER_TARGETS))
+  enc, dec, weak = (batch[k] for k in (seed_objective.ENCODER_INPUTS, seed_objective.DECODER_TARGETS,
+                                       seed_objective.WEAK_DECODER_TARGETS))
   out = []
   for e, d, w in zip(enc, dec, weak):
     e, d, w = (list(x[:list(x).index(1)]) for x in (e, d, w))  # up to EOS
@@ -40,7 +43,7 @@ def _uncorrupt_rows(batch):
 
 def _batch(rows, lengths):
   """seqio rows (unpadded) -> a 0-padded batch under the model feature names."""
-  return {features.SEED_MODEL_FEATURE_NAMES[k]: np.stack([np.pad(r[k], (0, lengths[k] - len(r[k]))) for r in rows])
+  return {seed_objective.MODEL_FEATURE_NAMES[k]: np.stack([np.pad(r[k], (0, lengths[k] - len(r[k]))) for r in rows])
           for k in sp.OUTPUT_FEATURE_NAMES}
 
 
@@ -73,11 +76,11 @@ def test_the_overlap_check_sees_what_decontamination_removes(data_dir, monkeypat
 def test_qa_text_batches_through_the_pipeline(data_dir):
   lengths = sc.feature_lengths(32)
   it = make_local_iterator(task=sp.QA_TEXT, feature_lengths=lengths, batch_size=16,
-                           model_feature_names=features.SEED_MODEL_FEATURE_NAMES, seed=0)
+                           model_feature_names=seed_objective.MODEL_FEATURE_NAMES, seed=0)
   batch = next(it)
   assert {k: v.shape for k, v in batch.items()} == {
-      features.SEED_ENCODER_INPUTS: (16, 32), features.SEED_DECODER_TARGETS: (16, 8),
-      features.SEED_WEAK_DECODER_TARGETS: (16, 35)}
+      seed_objective.ENCODER_INPUTS: (16, 32), seed_objective.DECODER_TARGETS: (16, 8),
+      seed_objective.WEAK_DECODER_TARGETS: (16, 35)}
   vocab = seqio.get_mixture_or_task(sp.QA_TEXT).output_features["targets"].vocabulary
   corpus = {overlap.normalize(ex["text"]) for ex in seqio.get_mixture_or_task(sp.QA_TEXT).source.examples("train")}
   for row in _uncorrupt_rows(batch):
@@ -139,12 +142,12 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_seed_encoder_tiny_cpu_gin():
-  parse_gin(["seed_encoder_tiny_cpu.gin"], ["SeedEncoderConfig.decoder_loss_weight = 0.0"])
+  parse_gin(["seed_encoder_tiny_cpu.gin"], ["SeedEncoder.decoder_loss_weight = 0.0"])
   spec = gin_config.run_spec()
   tc = spec.train_config
-  assert tc.objective == "seed_encoder" and tc.seed_encoder == configs.SeedEncoderConfig(decoder_loss_weight=0.0)
+  assert tc.objective == SeedEncoder(decoder_loss_weight=0.0)
   assert dict(spec.data.feature_lengths) == sc.feature_lengths(32)
-  assert dict(spec.data.model_features) == features.SEED_MODEL_FEATURE_NAMES
+  assert dict(spec.data.model_features) == seed_objective.MODEL_FEATURE_NAMES
   assert spec.data.task == sp.QA_TEXT and spec.model.t5 == configs.t5_size("t5_mini", dtype="float32",
                                                                              dropout_rate=0.0)
   # Its tower is the NLI stage's, so its work dir initialises gin/st5_tiny_cpu.gin.
@@ -156,7 +159,7 @@ def test_seed_encoder_tiny_cpu_gin():
 def test_seed_encoder_base_tpu_gin():
   parse_gin(["seed_encoder_base_tpu.gin"], [])
   spec = gin_config.run_spec()
-  assert spec.train_config.objective == "seed_encoder" and spec.data.task == sp.TFDS_C4
+  assert spec.train_config.objective == SeedEncoder() and spec.data.task == sp.TFDS_C4
   assert spec.model.t5 == configs.t5_size("t5_base", dtype="bfloat16", dropout_rate=0.1, scan_layers=True,
                                                 remat_policy="full")
   assert dict(spec.data.feature_lengths) == sc.feature_lengths(512)
@@ -191,7 +194,7 @@ def _hf_t5(tmp_path) -> pathlib.Path:
 def test_init_from_hf_t5_keeps_its_decoder_and_starts_the_weak_decoder_fresh(tmp_path, vocab_path):
   hf_dir = _hf_t5(tmp_path)
   _, flat = loader.read_flat(str(hf_dir), "hf")
-  seed = configs.SeedEncoderConfig(num_layers=1)
+  seed = SeedEncoder(num_layers=1)
   params, report = seed_encoder.load_pretrained(str(hf_dir), model_config=TINY, seed_config=seed,
                                                 rng=jax.random.PRNGKey(0))
   got = tree.flatten(params)
@@ -219,7 +222,7 @@ def test_init_from_an_encoder_only_t5x_checkpoint_starts_the_decoder_fresh(fixtu
   assert not any(k.startswith("decoder/") for k in flat)
   model = configs.ST5Config(t5=stored.t5.replace(dtype="float32"), pooling="enc_mean",
                             embedding_dim=stored.embedding_dim)
-  params, report = seed_encoder.load_pretrained(path, model_config=model, seed_config=configs.SeedEncoderConfig(),
+  params, report = seed_encoder.load_pretrained(path, model_config=model, seed_config=SeedEncoder(),
                                                 rng=jax.random.PRNGKey(0))
   fresh = {k.split("/")[0] for k in report.missing_initialised}
   assert fresh == {"decoder", "weak_decoder"}
@@ -238,10 +241,10 @@ def test_init_refuses_a_partial_decoder_and_another_model(tmp_path, monkeypatch)
 
   monkeypatch.setattr(loader, "read_flat", without_one)
   with pytest.raises(tree.ParameterMismatchError, match="decoder/layers_1/mlp/wo/kernel"):
-    seed_encoder.load_pretrained(str(hf_dir), model_config=TINY, seed_config=configs.SeedEncoderConfig(),
+    seed_encoder.load_pretrained(str(hf_dir), model_config=TINY, seed_config=SeedEncoder(),
                                  rng=jax.random.PRNGKey(0))
   monkeypatch.setattr(loader, "read_flat", real)
   bigger = TINY.replace(t5=TINY.t5.replace(num_heads=2))
   with pytest.raises(ValueError, match="num_heads: checkpoint 4 vs config 2"):
-    seed_encoder.load_pretrained(str(hf_dir), model_config=bigger, seed_config=configs.SeedEncoderConfig(),
+    seed_encoder.load_pretrained(str(hf_dir), model_config=bigger, seed_config=SeedEncoder(),
                                  rng=jax.random.PRNGKey(0))

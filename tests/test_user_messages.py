@@ -11,7 +11,7 @@ import types
 import pytest
 
 from st5_jax import cli, paths
-from st5_jax.consert import tasks as consert_tasks
+from st5_jax.objectives.consert import tasks as consert_tasks
 from st5_jax.data import builders
 from st5_jax.data.rows import InputFileError, RowStats
 from st5_jax.evaluation.baselines import HashedBagOfWords

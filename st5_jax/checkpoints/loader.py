@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
 import jax
 
@@ -85,8 +85,10 @@ def read_flat(path: paths.PathLike, fmt: str) -> tuple[ST5Config, dict[str, Any]
 
 def load_model(path: paths.PathLike, *, pooling: str | None = None, embedding_dim: int | None | str = "auto",
                fresh_projection: bool = False, rng: jax.Array | None = None,
-               t5_overrides: dict[str, Any] | None = None, nli_classes: int = 0,
-               init_missing_head: bool = False,
+               t5_overrides: dict[str, Any] | None = None, init_missing_head: bool = False,
+               head_prefixes: tuple[str, ...] = (),
+               abstract_fn: Callable[[ST5Config], Any] | None = None,
+               init_fn: Callable[[ST5Config, jax.Array], Any] | None = None,
                ) -> tuple[ST5Config, dict[str, Any], tree.LoadReport, str]:
   """(config, numpy parameter tree, load report, format) of any supported checkpoint.
 
@@ -95,9 +97,11 @@ def load_model(path: paths.PathLike, *, pooling: str | None = None, embedding_di
   an int adds a freshly initialised projection of that size when the checkpoint has
   none, or when `fresh_projection` is set (the start of contrastive training).
   `t5_overrides` replaces numerics fields (dtype, dropout_rate, scan_layers, ...).
-  `nli_classes`: the training-only NLI head (ST5Config.nli_classes) of the caller's
-  model: 0 (inference, export) drops a checkpoint's head; N keeps it, or initialises a
-  fresh one when the checkpoint has none (training from a ConSERT or plain ST5 model).
+  `head_prefixes`, `abstract_fn(config)`, `init_fn(config, rng)`: a training objective's
+  module (the tower plus heads of its own, e.g. ConSERT's `nli_classifier/`) instead of
+  the tower: the heads' arrays are loaded when the checkpoint has them, else initialised
+  from `rng`. Without them (inference, export) a checkpoint's training heads are reported
+  unused and dropped.
 
   Layer-attention models: `pooling="enc_first"` / `"enc_mean"` removes the attention
   head at inference (the last layer's first token / mean, then the trained projection);
@@ -133,14 +137,12 @@ def load_model(path: paths.PathLike, *, pooling: str | None = None, embedding_di
     fresh += ("layer_attention/",)
   if t5_overrides:
     changes["t5"] = config.t5.replace(**t5_overrides)
-  changes["nli_classes"] = nli_classes
-  if not nli_classes:
-    flat = {k: v for k, v in flat.items() if not k.startswith("nli_classifier/")}
-  elif "nli_classifier/kernel" not in flat:
-    fresh += ("nli_classifier/",)
+  fresh += tuple(head_prefixes)
   config = config.replace(**changes)
   params, report = tree.assemble(config, flat, source=src, fresh_ok=fresh,
-                                 rng=rng if rng is not None else jax.random.PRNGKey(0))
+                                 rng=rng if rng is not None else jax.random.PRNGKey(0),
+                                 abstract_fn=(lambda: abstract_fn(config)) if abstract_fn else None,
+                                 init_fn=(lambda key: init_fn(config, key)) if init_fn else None)
   return config, params, report, fmt
 
 

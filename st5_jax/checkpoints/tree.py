@@ -99,7 +99,10 @@ def unstack_layers(flat: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _known_t5_name(key: str) -> bool:
-  return bool(re.match(r"^(token_embedder|encoder|decoder|projection_layer|weak_decoder|layer_attention)(/|$)", key))
+  """A part this project writes: the tower's, or a training objective's head (SEED-Encoder's
+  `weak_decoder`, ConSERT's `nli_classifier`), reported unused where the model lacks it."""
+  return bool(re.match(r"^(token_embedder|encoder|decoder|projection_layer|weak_decoder|layer_attention|"
+                       r"nli_classifier)(/|$)", key))
 
 
 def assemble(config: ST5Config, flat: Mapping[str, np.ndarray], *, source: str,
@@ -111,7 +114,7 @@ def assemble(config: ST5Config, flat: Mapping[str, np.ndarray], *, source: str,
   `fresh_ok` lists name prefixes that may be absent and are then initialised from
   `rng` (e.g. "projection_layer/" when a raw T5 checkpoint starts ST5 training).
   `abstract_fn` / `init_fn` (boxed abstract tree; rng -> boxed parameters) assemble
-  another model's tree instead (the seed_encoder objective's pre-training model).
+  another model's tree instead (a training objective's module: the tower plus its heads).
   """
   abstract_fn = abstract_fn or (lambda: abstract_params(config))
   init_fn = init_fn or (lambda key: init_params(config, key))

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
   import jax
   import numpy as np
 
-  from st5_jax import configs, features, flops, partitioning, train
+  from st5_jax import configs, features, partitioning, train
   from st5_jax.inference import default_dtype
 
   dtype = args.dtype or default_dtype()
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
   lengths = {"inputs": args.length, "targets": args.length}
   if args.negatives:
     lengths["negative_targets"] = args.length
-  step_flops = flops.train_step_flops(model, global_batch_size=args.batch, lengths=lengths)
+  step_flops = setup.objective.step_flops(model, global_batch_size=args.batch, lengths=lengths)
 
   with jax.set_mesh(mesh):
     state = train.init_state(setup, model, seed=0)

@@ -397,10 +397,9 @@ class BatchIterator:
 
 
 def get_provider(name: str) -> seqio.DatasetProviderBase:
-  """A registered task or mixture (importing st5_jax.data.tasks and st5_jax.consert.tasks
-  registers the st5_* and consert_* ones)."""
+  """A registered task or mixture (importing st5_jax.data.tasks registers the st5_* ones; an
+  objective's own tasks are registered by its module, which the trainer imports)."""
   # Registered on first use, not when this module is imported (the contract of st5_jax.data).
-  from st5_jax.consert import tasks as _consert  # noqa: F401  pylint: disable=g-import-not-at-top
   from st5_jax.data import tasks as _  # noqa: F401  pylint: disable=g-import-not-at-top
   try:
     return seqio.get_mixture_or_task(name)

@@ -18,10 +18,8 @@ Stage 2 (NLI triples: premise, entailment, contradiction as hard negative):
   st5_simcse_nli_triples         SimCSE's nli_for_simcse.csv at nli/nli_for_simcse.csv (the paper's 275K).
   st5_user_nli_triples           users' files (gin `st5_jax.data.user_nli_triples` or $ST5_USER_NLI_TRIPLES).
 
-SEED-Encoder pre-training (objective `seed_encoder`; st5_jax.data.seed_pretraining):
-  st5_seed_qa_text               the distinct texts of the stage-1 QA tasks (+ SQuAD train paragraphs).
-  st5_seed_user_text             users' text files, one text per line.
-  st5_seed_tfds_c4               TFDS c4/en.
+The objectives' own tasks are registered by their modules (st5_jax/objectives/: ConSERT's
+consert_*, SEED-Encoder's st5_seed_*), imported by the gin layer and the top-level `tasks`.
 
 From the public TFDS catalogue (st5_jax.data.tfds_tasks; TPU VMs read gs://tfds-data):
   st5_tfds_snli_triples, st5_tfds_multi_nli_triples, st5_tfds_nli_triples (their mixture),
@@ -78,11 +76,6 @@ _r.register_configured_user_task(USER_NLI_TRIPLES, configurable=_r.user_nli_trip
 
 _tfds.register()
 
-# SEED-Encoder pre-training text (span corruption + the weak decoder's targets).
-from st5_jax.data import seed_pretraining as _seed  # noqa: E402  pylint: disable=g-import-not-at-top
-SEED_QA_TEXT = _seed.QA_TEXT
-SEED_USER_TEXT = _seed.USER_TEXT
-SEED_TFDS_C4 = _seed.TFDS_C4
 TFDS_SNLI_TRIPLES = _tfds.SNLI_TRIPLES
 TFDS_MULTI_NLI_TRIPLES = _tfds.MULTI_NLI_TRIPLES
 TFDS_NLI_TRIPLES_MIXTURE = _tfds.NLI_TRIPLES_MIXTURE
@@ -90,13 +83,13 @@ TFDS_REQA_SQUAD = _tfds.REQA_SQUAD
 
 ALL_TASKS = (REQA_SQUAD,) + STAGE1_PUBLIC_TASKS + (USER_QA_PAIRS, STAGE2_SNLI_TRIPLES, SIMCSE_NLI_TRIPLES,
                                                    USER_NLI_TRIPLES, TFDS_SNLI_TRIPLES, TFDS_MULTI_NLI_TRIPLES,
-                                                   TFDS_REQA_SQUAD, SEED_QA_TEXT, SEED_USER_TEXT, SEED_TFDS_C4)
+                                                   TFDS_REQA_SQUAD)
 MIXTURES = (STAGE1_PUBLIC_QA_MIXTURE, TFDS_NLI_TRIPLES_MIXTURE)
 
 __all__ = [
     "REQA_SQUAD", "QATAR_LIVING_GOOD", "QATAR_LIVING_PERFECT_MATCH", "TRECQA", "WIKIQA", "STAGE1_PUBLIC_TASKS",
     "STAGE1_PUBLIC_QA_MIXTURE", "USER_QA_PAIRS", "STAGE2_SNLI_TRIPLES", "SIMCSE_NLI_TRIPLES", "USER_NLI_TRIPLES",
     "TFDS_SNLI_TRIPLES", "TFDS_MULTI_NLI_TRIPLES", "TFDS_NLI_TRIPLES_MIXTURE", "TFDS_REQA_SQUAD", "ALL_TASKS",
-    "SEED_QA_TEXT", "SEED_USER_TEXT", "SEED_TFDS_C4", "MIXTURES", "register_mixture", "register_user_task",
+    "MIXTURES", "register_mixture", "register_user_task",
     "get_vocabulary",
 ]

@@ -9,19 +9,16 @@ is compiled once per bucket for the whole run, not at every evaluation.
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import Mesh
 
 from st5_jax import multihost, partitioning
 from st5_jax import vocab as vocab_lib
-from st5_jax.configs import ST5Config
 from st5_jax.inference import length_bucket
 from st5_jax.evaluation.sts import sts_dev_spearman
-from st5_jax.model.st5 import SentenceT5
 
 log = logging.getLogger(__name__)
 
@@ -34,28 +31,21 @@ class ShardedEncoder:
   all of it locally.
   """
 
-  def __init__(self, model_config: ST5Config, *, mesh: Mesh, boxed_params: Any, param_shardings: Any,
-               rules, tokenizer: vocab_lib.Tokenizer, batch_size: int = 128):
-    cfg = model_config.replace(t5=model_config.t5.replace(dropout_rate=0.0))
-    model = SentenceT5(cfg)
+  def __init__(self, encode: Callable[[Any, jax.Array], jax.Array], *, param_keys: Sequence[str], max_length: int,
+               mesh: Mesh, param_shardings: Any, tokenizer: vocab_lib.Tokenizer, batch_size: int = 128):
+    """encode(params, tokens_BxL) -> emb_BxD: the tower in inference mode, handed over by the trainer.
+
+    param_keys: the top-level parameter subtrees it reads (training may hold more: a head).
+    """
     shards = partitioning.num_batch_shards(mesh)
     self.batch_size = max(shards, -(-batch_size // shards) * shards)  # a multiple of the batch shards
-    self.max_length = cfg.max_length
+    self.max_length = max_length
     self.tokenizer = tokenizer
-    self.mesh, self.rules = mesh, rules
+    self.mesh = mesh
     self._in_sharding = partitioning.batch_sharding(mesh)
-    is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
-
-    def apply(params, tokens_BxL):
-      # Re-boxed like the train step's tower, so scanned fsdp layers are gathered one at a time.
-      params = jax.tree.map(lambda box, x: box.replace_boxed(x), boxed_params, params, is_leaf=is_box)
-      with partitioning.with_rules(rules):
-        return model.apply({"params": params}, tokens_BxL)
-
-    # Training may hold more than the tower (e.g. SEED-Encoder's weak decoder): encode with the tower's subtrees.
-    self._keys = tuple(boxed_params)
+    self._keys = tuple(param_keys)
     param_shardings = {k: param_shardings[k] for k in self._keys}
-    self._apply = jax.jit(apply, in_shardings=(param_shardings, self._in_sharding),
+    self._apply = jax.jit(encode, in_shardings=(param_shardings, self._in_sharding),
                           out_shardings=partitioning.replicated(mesh))
     self._compiled = {}  # (B, L) -> executable: one compile per length bucket for the run
 

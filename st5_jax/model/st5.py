@@ -9,11 +9,11 @@ every encoder layer, st5_jax/model/layer_attention.py). Then an optional bias-fr
 applies the same module (same parameters) to both sides.
 
 Parameter paths match t5x_retrieval's dual encoder: `token_embedder`, `encoder`,
-`decoder` (encdec_first only) and `projection_layer/kernel` [embed, affinity]; a
-training-only `nli_classifier` (kernel, bias) when `config.nli_classes` > 0;
-`layer_attention/` holds the pooling head of layer_attention models.
+`decoder` (encdec_first only) and `projection_layer/kernel` [embed, affinity];
+`layer_attention/` holds the pooling head of layer_attention models. The tower holds no
+training head: an objective that needs one adds it (st5_jax/objectives/).
 
-Hooks for input augmentation (st5_jax/consert), all optional and absent by default:
+Hooks for input augmentation (st5_jax/objectives/consert), all optional and absent by default:
 `embeddings_BxLxD` replaces the token-embedding output entering encoder block 0,
 `positions_BxL` gives per-example token positions for the relative-position bias, and
 `attention_mask_BxL` replaces the key mask (pooling still averages over `tokens > 0`).
@@ -39,29 +39,6 @@ def l2_normalize(x_BxD: Array, eps: float = 1e-12) -> Array:
   return x_BxD / jnp.maximum(norm, eps)
 
 
-def nli_pair_features(u_BxD: Array, v_BxD: Array) -> Array:
-  """[u, v, |u - v|, max(u, v)^2], float32 [B, 4D] (ConSERT's concatenation, official scripts)."""
-  u, v = u_BxD.astype(jnp.float32), v_BxD.astype(jnp.float32)
-  return jnp.concatenate([u, v, jnp.abs(u - v), jnp.square(jnp.maximum(u, v))], axis=-1)
-
-
-class NliClassifier(nn.Module):
-  """Linear classifier with bias over `nli_pair_features` (torch nn.Linear's uniform init)."""
-
-  num_classes: int
-
-  @nn.compact
-  def __call__(self, u_BxD: Array, v_BxD: Array) -> Array:
-    f_BxF = nli_pair_features(u_BxD, v_BxD)
-    # Axis names unknown to the rule table are replicated: the head is a few KB.
-    init = nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
-    kernel = self.param("kernel", nn.with_logical_partitioning(init, ("nli_features", "nli_classes")),
-                        (f_BxF.shape[-1], self.num_classes), jnp.float32)
-    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("nli_classes",)),
-                      (self.num_classes,), jnp.float32)
-    return f_BxF @ kernel + bias
-
-
 def mean_pool(x_BxLxD: Array, mask_BxL: Array) -> Array:
   """Mean over positions where mask is True, in float32 (zero for an all-pad row)."""
   m = mask_BxL.astype(jnp.float32)[..., None]
@@ -85,8 +62,6 @@ class SentenceT5(nn.Module):
     if self.config.embedding_dim is not None:
       self.projection_layer = t5.Dense(self.config.embedding_dim, axes=("embed", "affinity"),
                                        dtype=jnp.float32)
-    if self.config.nli_classes:
-      self.nli_classifier = NliClassifier(self.config.nli_classes)
 
   def embed_tokens(self, tokens_BxL: Array) -> Array:
     """The token-embedding output [B, L, D] that enters encoder block 0."""
@@ -141,16 +116,7 @@ class SentenceT5(nn.Module):
     if self.config.embedding_dim is not None:
       x_BxD = self.projection_layer(x_BxD)
     x_BxD = nn.with_logical_constraint(x_BxD, ("batch", "affinity"))
-    out_BxD = l2_normalize(x_BxD) if self.config.normalize else x_BxD
-    if self.config.nli_classes and self.is_initializing():
-      self.nli_classifier(out_BxD, out_BxD)  # create the head's parameters with the tower's
-    return out_BxD
-
-  def classify(self, u_BxD: Array, v_BxD: Array) -> Array:
-    """NLI logits [B, nli_classes] of two tower outputs (training only)."""
-    if not self.config.nli_classes:
-      raise ValueError("This model has no NLI head; set ST5Config.nli_classes (3 for NLI).")
-    return self.nli_classifier(u_BxD, v_BxD)
+    return l2_normalize(x_BxD) if self.config.normalize else x_BxD
 
 
 def init_params(config: ST5Config, rng: Array, *, length: int = 8):

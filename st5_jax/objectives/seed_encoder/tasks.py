@@ -4,7 +4,7 @@ Each task turns plain text into the three features of st5_jax.features.SEED_*:
 `inputs` (span-corrupted text), `targets` (the noise spans after their sentinels) and
 `uncorrupted` (the segment before corruption, the weak decoder's reconstruction
 target), through `PREPROCESSORS`: text -> `targets`, tokenize, T5 span corruption
-(st5_jax/data/span_corruption.py: noise density 0.15, mean span 3, one text per example,
+(st5_jax/objectives/seed_encoder/span_corruption.py: noise density 0.15, mean span 3, one text per example,
 long texts split into segments), EOS. Train with
 
     DataConfig.task = 'st5_seed_qa_text'
@@ -40,7 +40,7 @@ import tensorflow as tf
 
 from st5_jax import paths
 from st5_jax.data import builders as builders_lib
-from st5_jax.data import span_corruption as sc
+from st5_jax.objectives.seed_encoder import span_corruption as sc
 from st5_jax.data import registry, sources, tfds_tasks, vocabulary
 from st5_jax.data.rows import RowStats
 

@@ -22,11 +22,13 @@ corruption needs it) plus `weak_decoder/`. Its work dirs load into ST5 runs with
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from st5_jax.configs import SeedEncoderConfig, ST5Config, T5Config
+from st5_jax.configs import ST5Config, T5Config
 from st5_jax.model import t5
 from st5_jax.model.st5 import SentenceT5
 
@@ -72,12 +74,13 @@ class WeakDecoder(nn.Module):
 class SeedEncoderPretrainer(SentenceT5):
   """SentenceT5's parameters (with the T5 decoder) + `weak_decoder`; returns teacher-forced logits."""
 
-  seed: SeedEncoderConfig = SeedEncoderConfig()
+  # The SeedEncoder objective (st5_jax/objectives/seed_encoder/objective.py): num_layers, window, memory.
+  seed: Any = None
 
   def setup(self):
     super().setup()
     if self.seed.memory == "projected" and self.config.embedding_dim is None:
-      raise ValueError("SeedEncoderConfig.memory='projected' needs a projection; set ST5Config.embedding_dim "
+      raise ValueError("SeedEncoder.memory='projected' needs a projection; set ST5Config.embedding_dim "
                        "or use memory='pooled'.")
     if not self.config.uses_decoder:
       self.decoder = t5.Decoder(self.config.t5)
@@ -117,11 +120,11 @@ class SeedEncoderPretrainer(SentenceT5):
     return span_logits, weak_logits
 
 
-def init_params(config: ST5Config, seed: SeedEncoderConfig, rng: Array, *, length: int = 8):
+def init_params(config: ST5Config, seed: Any, rng: Array, *, length: int = 8):
   """Boxed (logically partitioned) parameters of a fresh pre-training model."""
   return SeedEncoderPretrainer(config, seed).init(rng, jnp.ones((1, length), jnp.int32))["params"]
 
 
-def abstract_params(config: ST5Config, seed: SeedEncoderConfig, *, length: int = 8):
+def abstract_params(config: ST5Config, seed: Any, *, length: int = 8):
   """Shapes and logical axes of the pre-training model's parameters, without allocating them."""
   return jax.eval_shape(lambda: init_params(config, seed, jax.random.PRNGKey(0), length=length))

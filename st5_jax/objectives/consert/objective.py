@@ -1,54 +1,55 @@
-"""ConSERT training objectives on the Sentence-T5 tower, chosen by `TrainConfig.objective`.
+"""ConSERT (Yan et al., 2021) training objectives on the Sentence-T5 tower: gin `@ConsertUnsup()`, `@ConsertJoint()`.
 
-  consert_unsup  NT-Xent between two augmented views of every sentence of the batch
+  ConsertUnsup   NT-Xent between two augmented views of every sentence of the batch
                  (features: LEFT only). The paper's unsupervised recipe, and -- started
                  from a trained model via `run.init_from` -- its sup-unsup and joint-unsup
                  continuations.
-  consert_joint  NLI cross-entropy of the classifier on [u, v, |u-v|, max(u, v)^2] (the
-                 model's `nli_classifier`, ST5Config.nli_classes) plus
+  ConsertJoint   NLI cross-entropy of the classifier on [u, v, |u-v|, max(u, v)^2] (the
+                 objective's own head, st5_jax/objectives/consert/model.py) plus
                  weight x (NT-Xent on the premises' two views + NT-Xent on the
                  hypotheses'), features LEFT, RIGHT, LABELS. The cross-entropy uses the
                  first view (the official joint recipe's first view is `none`).
                  With weight 0 it is the plain SBERT-style NLI classifier (no second view).
 
 Each view is its own forward pass of the tower with its own dropout key and per-example
-augmentation randomness (st5_jax/consert/augment.py). The NT-Xent weight follows the
+augmentation randomness (st5_jax/objectives/consert/augment.py). The NT-Xent weight follows the
 official code: the loss adds `weight * (loss_a + loss_b)`, the sum of the two
 directions, per sentence set; 0.15 (the official `cl_rate`) is 0.3 times the paper's
 mean-over-2N L_con. With an NT-Xent-only loss the weight merely rescales the gradient,
 which Adam (the paper's optimizer) and Adafactor (update clipping, relative scale)
-largely ignore; in `consert_joint` it sets the balance against the cross-entropy.
+largely ignore; in ConsertJoint it sets the balance against the cross-entropy.
 
 Losses are computed on global [B, D] arrays under jit, so negatives span the whole
-batch on every device and host (as the ST5 loss). GradCache applies: the views are a
-parameter-free plan (positions / keep masks) plus a forward pass, so each chunk
-recomputes exactly its rows; the adversarial view needs the cross-entropy's gradient
-before its own forward pass and is refused with GradCache.
+batch on every device and host (as the ST5 loss). GradCache applies
+(st5_jax/objectives/grad_cache.py): the views are a parameter-free plan (positions /
+keep masks) plus a forward pass, so each chunk recomputes exactly its rows; the
+adversarial view needs the cross-entropy's gradient before its own forward pass and is
+refused with GradCache.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, ClassVar, Mapping
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from st5_jax import grad_cache, losses
+from st5_jax import flops, losses
 from st5_jax.configs import ST5Config
-from st5_jax.consert import augment
 from st5_jax.features import LABELS, LEFT, RIGHT
+from st5_jax.objectives import grad_cache
+from st5_jax.objectives.base import Feature, Objective, ObjectiveConfigError, ValueAndGrad, rebox, register
+from st5_jax.objectives.consert import augment
+from st5_jax.objectives.consert.model import ConsertTower
 
 Array = jax.Array
 
-OBJECTIVES = ("consert_unsup", "consert_joint")
+UNSUP, JOINT = "consert_unsup", "consert_joint"
 SHUFFLE_MODES = ("auto", "positions", "tokens")
 # Poolings that see the encoder outputs as a set (mean; the decoder's cross-attention has no
 # position bias), where permuting token ids equals the faithful position shuffle.
 TOKEN_SHUFFLE_POOLINGS = ("enc_mean", "encdec_first")
-
-ValueAndGrad = Callable[[Any, Mapping[str, Array], Array], tuple[tuple[Array, dict], Any]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,9 +60,9 @@ class View:
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-  """What the objective needs from TrainConfig (checked by `spec_from_config`)."""
+  """The checked settings of one ConSERT run (`_Consert.spec`)."""
 
-  objective: str
+  objective: str  # UNSUP or JOINT
   views: tuple[View, View]
   temperature: float
   weight: float
@@ -69,52 +70,12 @@ class Spec:
   grad_cache_chunks: int
 
 
-def spec_from_config(train_config, model_config: ST5Config) -> Spec:
-  """Validates the ConSERT fields of a TrainConfig against the model; clear errors."""
-  tc = train_config
-  if tc.objective not in OBJECTIVES:
-    raise ValueError(f"TrainConfig.objective must be 'st5' or one of {OBJECTIVES}, got {tc.objective!r}")
-  views = (View(tc.consert_view1, float(tc.consert_view1_rate)), View(tc.consert_view2, float(tc.consert_view2_rate)))
-  for i, v in enumerate(views, 1):
-    if v.name not in augment.VIEWS:
-      raise ValueError(f"TrainConfig.consert_view{i} must be one of {augment.VIEWS}, got {v.name!r}")
-    if v.name in augment.RATED_VIEWS and not 0.0 < v.rate < 1.0:
-      raise ValueError(f"TrainConfig.consert_view{i}_rate must be in (0, 1) for {v.name}, got {v.rate}")
-    if v.name == "adversarial" and not v.rate > 0:
-      raise ValueError(f"TrainConfig.consert_view{i}_rate is the FGV norm eps for 'adversarial'; must be > 0, "
-                       f"got {v.rate} (the official default is 1.0)")
-  if views[0].name == "adversarial":
-    raise ValueError("'adversarial' can only be the second view (it perturbs the first view's embeddings).")
-  if views[1].name == "adversarial" and tc.objective != "consert_joint":
-    raise ValueError("The 'adversarial' view needs the NLI loss's gradient: use objective 'consert_joint'.")
-  if tc.consert_temperature <= 0:
-    raise ValueError(f"TrainConfig.consert_temperature must be > 0, got {tc.consert_temperature}")
-  if tc.consert_weight < 0 or (tc.objective == "consert_unsup" and tc.consert_weight == 0):
-    raise ValueError(f"TrainConfig.consert_weight must be > 0 (>= 0 for consert_joint), got {tc.consert_weight}")
-  if tc.objective == "consert_joint" and model_config.nli_classes < 2:
-    raise ValueError("objective 'consert_joint' trains an NLI classifier: set ST5Config.nli_classes=3 "
-                     "(gin: st5_model.nli_classes = 3).")
-  if tc.consert_shuffle not in SHUFFLE_MODES:
-    raise ValueError(f"TrainConfig.consert_shuffle must be one of {SHUFFLE_MODES}, got {tc.consert_shuffle!r}")
-  if tc.consert_shuffle == "tokens" and model_config.pooling not in TOKEN_SHUFFLE_POOLINGS:
-    raise ValueError("consert_shuffle='tokens' (permuting token ids) equals ConSERT's position shuffle only "
-                     f"for {TOKEN_SHUFFLE_POOLINGS} pooling, not {model_config.pooling}; use 'positions' or 'auto'.")
-  chunks = tc.grad_cache_chunks if tc.grad_cache_chunks > 1 else 0
-  if chunks and views[1].name == "adversarial":
-    raise ValueError("GradCache (grad_cache_chunks > 1) cannot compute the adversarial view: its input needs "
-                     "the full-batch NLI gradient before its own forward pass. Use grad_cache_chunks=0 or "
-                     "another view.")
-  shuffle_tokens = tc.consert_shuffle == "tokens" or (tc.consert_shuffle == "auto" and
-                                                        model_config.pooling in TOKEN_SHUFFLE_POOLINGS)
-  return Spec(tc.objective, views, float(tc.consert_temperature), float(tc.consert_weight), shuffle_tokens, chunks)
-
-
 # ------------------------------------------------------------------------------ towers
 
 
 class Tower:
-  """The training-mode SentenceT5 with augmentation hooks (parameters re-boxed like
-  train.make_embed_fn, so logical sharding constraints reach scanned layers)."""
+  """The training-mode tower with augmentation hooks (parameters re-boxed, so logical sharding
+  constraints reach scanned layers: st5_jax.objectives.base.rebox)."""
 
   def __init__(self, model, boxed_params: Any | None, *, shuffle_tokens: bool):
     self.model = model
@@ -123,10 +84,7 @@ class Tower:
     self.dim = model.config.t5.emb_dim
 
   def apply(self, params, *args, **kw):
-    if self.boxed is not None:
-      is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)  # noqa: E731
-      params = jax.tree.map(lambda box, x: box.replace_boxed(x), self.boxed, params, is_leaf=is_box)
-    return self.model.apply({"params": params}, *args, **kw)
+    return self.model.apply({"params": rebox(self.boxed, params)}, *args, **kw)
 
   def inputs(self, params, tokens_BxL: Array, plan: Mapping[str, Array], *,
              need_embeddings: bool = False) -> tuple[Array, dict[str, Array]]:
@@ -205,11 +163,11 @@ def _joint_loss(spec: Spec, tower: Tower):
 
 def plan_towers(spec: Spec, batch: Mapping[str, Array], key: Array, *, dim: int) -> dict[str, tuple]:
   """{tower name: (tokens, plan, dropout key)} of one step; plans are per example."""
-  if spec.objective == "consert_unsup":
+  if spec.objective == UNSUP:
     sides = {"": batch[LEFT]}
   else:
     sides = {"premise": batch[LEFT], "hypothesis": batch[RIGHT]}
-  num_views = 1 if (spec.objective == "consert_joint" and spec.weight == 0) else 2
+  num_views = 1 if (spec.objective == JOINT and spec.weight == 0) else 2
   towers = {}
   keys = jax.random.split(key, 2 * len(sides) * num_views)
   i = 0
@@ -252,11 +210,10 @@ def _adversarial_embeddings(tower: Tower, spec: Spec, params, batch, towers) -> 
   return embs
 
 
-def make_value_and_grad(*, model, boxed_params: Any | None, train_config) -> ValueAndGrad:
-  """((loss, metrics), grads) of the configured ConSERT objective; GradCache when configured."""
-  spec = spec_from_config(train_config, model.config)
+def make_value_and_grad(spec: Spec, model: ConsertTower, boxed_params: Any | None) -> ValueAndGrad:
+  """((loss, metrics), grads) of the ConSERT objective `spec`; GradCache when configured."""
   tower = Tower(model, boxed_params, shuffle_tokens=spec.shuffle_tokens)
-  loss_on = _unsup_loss(spec) if spec.objective == "consert_unsup" else _joint_loss(spec, tower)
+  loss_on = _unsup_loss(spec) if spec.objective == UNSUP else _joint_loss(spec, tower)
   adversarial = spec.views[1].name == "adversarial" and spec.weight > 0
 
   def loss_fn(params, batch, key):
@@ -270,29 +227,128 @@ def make_value_and_grad(*, model, boxed_params: Any | None, train_config) -> Val
   def value_and_grad(params, batch, key):
     if not spec.grad_cache_chunks:
       return jax.value_and_grad(loss_fn, has_aux=True)(params, batch, key)
-    return _grad_cache(tower, loss_on, params, batch, plan_towers(spec, batch, key, dim=tower.dim),
-                       spec.grad_cache_chunks)
+    towers = plan_towers(spec, batch, key, dim=tower.dim)
+    return grad_cache.value_and_grad(lambda p, inputs, k: tower(p, *inputs, k), loss_on, params, batch,
+                                     {name: ((tokens, plan), k) for name, (tokens, plan, k) in towers.items()},
+                                     chunks=spec.grad_cache_chunks)
 
   return value_and_grad
 
 
-def _grad_cache(tower: Tower, loss_on, params, batch, towers, chunks: int):
-  """GradCache (st5_jax/grad_cache.py) over the view towers: embeddings chunk by chunk without
-  activations, the loss and its gradient on the full batch (also w.r.t. the NLI head), then
-  each chunk's backward pass with its slice of the embedding gradient."""
-  split = lambda x: grad_cache._split(x, chunks)  # noqa: E731
-  frozen = jax.lax.stop_gradient(params)
-  parts = {name: (split(tokens), jax.tree.map(split, plan), jax.random.split(k, chunks))
-           for name, (tokens, plan, k) in towers.items()}
-  embs = {name: grad_cache._merge(jax.lax.map(lambda a: tower(frozen, *a), part)) for name, part in parts.items()}
-  (loss, metrics), (emb_grads, grads) = jax.value_and_grad(loss_on, argnums=(0, 1), has_aux=True)(
-      embs, params, batch)
-  for name, part in parts.items():
-    def body(acc, a):
-      tokens_bxL, plan, k, g_bxD = a
-      _, vjp = jax.vjp(lambda p: tower(p, tokens_bxL, plan, k), params)
-      (g_params,) = vjp(g_bxD)
-      return jax.tree.map(jnp.add, acc, g_params), None
+# ------------------------------------------------------------------------------ the objectives
 
-    grads, _ = jax.lax.scan(body, grads, (*part, split(emb_grads[name])))
-  return (loss, metrics), grads
+
+@dataclasses.dataclass(frozen=True)
+class _Consert(Objective):
+  """Settings shared by the two ConSERT objectives (the official scripts' names in brackets).
+
+  Views: none, shuffle, token_cutoff, feature_cutoff, span_cutoff, dropout, adversarial
+  (second view of ConsertJoint only); the rate is the cutoff/dropout rate, or FGV's eps.
+  """
+
+  task_modules: ClassVar[tuple[str, ...]] = ("st5_jax.objectives.consert.tasks",)
+
+  view1: str = "none"
+  view1_rate: float = 0.0
+  view2: str = "none"
+  view2_rate: float = 0.0
+  temperature: float = 0.1  # [temperature]
+  # Multiplies the sum of NT-Xent's two directions (the official `cl_rate`; 0.3 x the paper's L_con).
+  weight: float = 0.15
+  # The shuffle view: "positions" (per-example relative bias, faithful), "tokens" (permute token
+  # ids; equal for enc_mean and encdec_first, not enc_first), "auto" (tokens where equal).
+  shuffle: str = "auto"
+
+  def spec(self, model_config: ST5Config, train_config: Any) -> Spec:
+    """Validates the settings against the model and run; clear errors."""
+    cls = type(self).__name__
+    views = (View(self.view1, float(self.view1_rate)), View(self.view2, float(self.view2_rate)))
+    for i, v in enumerate(views, 1):
+      if v.name not in augment.VIEWS:
+        raise ObjectiveConfigError(f"{cls}.view{i} must be one of {augment.VIEWS}, got {v.name!r}")
+      if v.name in augment.RATED_VIEWS and not 0.0 < v.rate < 1.0:
+        raise ObjectiveConfigError(f"{cls}.view{i}_rate must be in (0, 1) for {v.name}, got {v.rate}")
+      if v.name == "adversarial" and not v.rate > 0:
+        raise ObjectiveConfigError(f"{cls}.view{i}_rate is the FGV norm eps for 'adversarial'; must be > 0, "
+                                   f"got {v.rate} (the official default is 1.0)")
+    if views[0].name == "adversarial":
+      raise ObjectiveConfigError("'adversarial' can only be the second view (it perturbs the first view's embeddings).")
+    if views[1].name == "adversarial" and self.name != JOINT:
+      raise ObjectiveConfigError("The 'adversarial' view needs the NLI loss's gradient: use @ConsertJoint().")
+    if self.temperature <= 0:
+      raise ObjectiveConfigError(f"{cls}.temperature must be > 0, got {self.temperature}")
+    if self.weight < 0 or (self.name == UNSUP and self.weight == 0):
+      raise ObjectiveConfigError(f"{cls}.weight must be > 0 (>= 0 for ConsertJoint), got {self.weight}")
+    if self.shuffle not in SHUFFLE_MODES:
+      raise ObjectiveConfigError(f"{cls}.shuffle must be one of {SHUFFLE_MODES}, got {self.shuffle!r}")
+    if self.shuffle == "tokens" and model_config.pooling not in TOKEN_SHUFFLE_POOLINGS:
+      raise ObjectiveConfigError(
+          f"{cls}.shuffle='tokens' (permuting token ids) equals ConSERT's position shuffle only "
+          f"for {TOKEN_SHUFFLE_POOLINGS} pooling, not {model_config.pooling}; use 'positions' or 'auto'.")
+    chunks = train_config.grad_cache_chunks if train_config.grad_cache_chunks > 1 else 0
+    if chunks and views[1].name == "adversarial":
+      raise ObjectiveConfigError(
+          "GradCache (grad_cache_chunks > 1) cannot compute the adversarial view: its input needs the "
+          "full-batch NLI gradient before its own forward pass. Use grad_cache_chunks=0 or another view.")
+    shuffle_tokens = self.shuffle == "tokens" or (self.shuffle == "auto" and
+                                                  model_config.pooling in TOKEN_SHUFFLE_POOLINGS)
+    return Spec(self.name, views, float(self.temperature), float(self.weight), shuffle_tokens, chunks)
+
+  def check(self, model_config, train_config) -> None:
+    self.spec(model_config, train_config)
+
+  def make_model(self, model_config: ST5Config) -> ConsertTower:
+    return ConsertTower(model_config)
+
+  def make_value_and_grad(self, model, boxed_params, model_config, train_config) -> ValueAndGrad:
+    return make_value_and_grad(self.spec(model_config, train_config), model, boxed_params)
+
+  def _sides(self) -> tuple[str, ...]:
+    return ("inputs",) if self.name == UNSUP else ("inputs", "targets")
+
+  def step_flops(self, model_config, *, global_batch_size, lengths) -> float:
+    """Two views (forward passes) of each sentence set, each set with a [2B, 2B] NT-Xent similarity
+    matrix; forward + backward = 3x forward (the NLI classifier is negligible; FGV's extra forward
+    and backward pass is not counted)."""
+    B = global_batch_size
+    sides = [lengths[k] for k in self._sides()]
+    forward = sum(2 * B * flops.encoder_forward_flops(model_config, L) for L in sides)
+    forward += len(sides) * 2 * (2 * B) ** 2 * model_config.output_dim  # NT-Xent similarities
+    return 3.0 * forward
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class ConsertUnsup(_Consert):
+  """NT-Xent on two views of each LEFT sentence; gin `@ConsertUnsup()`."""
+
+  name: ClassVar[str] = UNSUP
+  example_gin: ClassVar[str] = "consert_unsup_tiny_cpu.gin"
+
+  def features(self, lengths: Mapping[str, int]) -> dict[str, Feature]:
+    lengths["inputs"]  # noqa: B018  (KeyError: a length the data config must give)
+    return {LEFT: Feature("inputs")}
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class ConsertJoint(_Consert):
+  """NLI cross-entropy + weight x NT-Xent on both sides' views; gin `@ConsertJoint()`."""
+
+  name: ClassVar[str] = JOINT
+  example_gin: ClassVar[str] = "consert_joint_tiny_cpu.gin"
+  head_prefixes: ClassVar[tuple[str, ...]] = ("nli_classifier/",)
+
+  # Classes of the NLI classifier (contradiction 0, entailment 1, neutral 2).
+  nli_classes: int = 3
+
+  def __post_init__(self):
+    if self.nli_classes < 2:
+      raise ObjectiveConfigError(f"ConsertJoint.nli_classes must be at least 2, got {self.nli_classes}")
+
+  def make_model(self, model_config: ST5Config) -> ConsertTower:
+    return ConsertTower(model_config, nli_classes=self.nli_classes)
+
+  def features(self, lengths: Mapping[str, int]) -> dict[str, Feature]:
+    lengths["inputs"], lengths["targets"]  # noqa: B018  (KeyError: a length the data config must give)
+    return {LEFT: Feature("inputs"), RIGHT: Feature("targets"), LABELS: Feature(None)}

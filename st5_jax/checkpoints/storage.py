@@ -1,0 +1,81 @@
+"""Work dirs that stop taking writes (disk full, quota, permissions, read-only): one clear error.
+
+tensorstore and orbax wrap the OS error in their own ValueErrors; `workdir_write_error`
+finds the errno behind any of them and turns it into a `WorkdirWriteError` that names
+the path, the reason, the free space and the checkpoints a rerun resumes from.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pathlib
+import shutil
+
+from etils import epath
+
+from st5_jax import paths
+from st5_jax.checkpoints import native
+
+
+class WorkdirWriteError(OSError):
+  """The work dir stopped taking writes (disk full, quota, permissions, read-only)."""
+
+
+# errno values and the texts tensorstore / orbax wrap them in (their errors are ValueErrors).
+_STORAGE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+                   errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
+                   errno.EROFS: "read-only file system"}
+_STORAGE_TEXTS = {"no space left on device": errno.ENOSPC, "os_error_code='28'": errno.ENOSPC,
+                  "disk quota exceeded": errno.EDQUOT, "permission denied": errno.EACCES,
+                  "read-only file system": errno.EROFS}
+
+
+def _storage_errno(e: BaseException) -> int | None:
+  """The storage errno behind `e` (or its causes), if a failed write is what it is."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno in _STORAGE_ERRNOS:
+      return e.errno
+    text = str(e).lower()
+    for needle, code in _STORAGE_TEXTS.items():
+      if needle in text:
+        return code
+    e = e.__cause__ or e.__context__
+  return None
+
+
+def _committed_steps(workdir: epath.Path) -> list[int]:
+  try:
+    return sorted(int(p.name) for p in (workdir / native.CHECKPOINT_DIR).iterdir() if p.name.isdigit())
+  except OSError:
+    return []
+
+
+def workdir_write_error(e: BaseException, workdir: epath.Path) -> WorkdirWriteError | None:
+  """A one-line error naming the path, the reason and the free space, or None if `e` is no write failure."""
+  code = _storage_errno(e)
+  if code is None:
+    return None
+  space = ""
+  if not paths.is_remote(workdir):
+    existing = pathlib.Path(os.fspath(workdir))
+    while not existing.exists() and existing != existing.parent:
+      existing = existing.parent
+    usage = shutil.disk_usage(existing)
+    space = f" ({_bytes(usage.free)} free of {_bytes(usage.total)} on its file system)"
+  steps = _committed_steps(workdir)
+  kept = (f"Committed checkpoints are intact (steps {steps}); free space or fix the permissions and rerun "
+          f"the same command to resume from step {steps[-1]}." if steps else
+          "No checkpoint was committed yet; free space or fix the permissions and rerun the same command.")
+  err = WorkdirWriteError(f"Cannot write to the work dir {workdir}: {_STORAGE_ERRNOS[code]}{space}. {kept}")
+  err.errno = code  # set after: OSError(code, msg) would print as "[Errno 28] ..." on the CLI's one line
+  return err
+
+
+def _bytes(n: int) -> str:
+  for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+    if n < 1024 or unit == "TiB":
+      return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    n /= 1024
