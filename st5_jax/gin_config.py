@@ -278,7 +278,8 @@ def run_spec() -> RunSpec:
     raise GinConfigError(f"{files}: {', '.join(f'{m.group(1)}.{n}' for n in names)} is REQUIRED but not bound "
                          f"(e.g. `{m.group(1)}.{names[0]} = ...`)") from e
   except (TypeError, ValueError) as e:
-    raise GinConfigError(_one_line(e)) from e
+    line = _one_line(e)
+    raise GinConfigError(line + _moved_hint(line)) from e
   # After the call: gin appends its own lines to errors raised inside a configurable.
   for field, selector in _CHECKED.items():
     check_types(getattr(spec, field), selector)
