@@ -2,7 +2,7 @@
 
     python benchmarks/seed_pipeline.py --workdir workdirs/seed_pipeline        # ~25 min on 2 idle cores
 
-(a) `gin/seed_encoder_tiny_cpu.gin` with SeedEncoderConfig.decoder_loss_weight = 0 (T5 span
+(a) `gin/seed_encoder_tiny_cpu.gin` with SeedEncoder.decoder_loss_weight = 0 (T5 span
     corruption only), (b) the same with the weak decoder (w = 1), then `gin/st5_tiny_cpu.gin`
     (NLI triples, contrastive) with `run.init_from` = (a) / (b), and (c) from random init.
 Prints and writes <workdir>/seed_pipeline.json and .md: STS average (7 sets) and STS-B test
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
   pre = {"a": 0.0, "b": args.weak_weight}
   for name, weight in pre.items():
     seconds[f"pretrain_{name}"] = _train("seed_encoder_tiny_cpu.gin", [
-        f"SeedEncoderConfig.decoder_loss_weight = {weight}", f"TrainConfig.num_train_steps = {args.pre_steps}",
+        f"SeedEncoder.decoder_loss_weight = {weight}", f"TrainConfig.num_train_steps = {args.pre_steps}",
         f"TrainConfig.checkpoint_every = {args.pre_steps}"], work / f"pretrain_{name}")
   nli_eval = max(args.nli_steps, 1)
   for name in ("a", "b", "c"):

@@ -63,10 +63,12 @@ def test_unknown_key_in_an_included_file_names_that_file(gin_dir):
 
 @pytest.mark.parametrize("binding,expected", [
     ("TrainConfig.num_train_steps = 'ten'", "TrainConfig.num_train_steps = 'ten': expected int, got str"),
-    ("TrainConfig.temperature = '0.01'", "TrainConfig.temperature = '0.01': expected float, got str"),
-    ("TrainConfig.bidirectional = 1", "TrainConfig.bidirectional = 1: expected bool, got int"),
+    ("TrainConfig.log_every = '10'", "TrainConfig.log_every = '10': expected int, got str"),
+    ("TrainConfig.grad_cache_chunks = 1.5", "TrainConfig.grad_cache_chunks = 1.5: expected int, got float"),
     ("MeshConfig.data = 2.0", "MeshConfig.data = 2.0: expected int, got float"),
     ("DataConfig.task = 3", "DataConfig.task = 3: expected str, got int"),
+    ("Contrastive.temperature = '0.01'", "Contrastive.temperature = '0.01': expected float, got str"),
+    ("Contrastive.bidirectional = 1", "Contrastive.bidirectional = 1: expected bool, got int"),
 ])
 def test_wrong_type_names_file_line_and_binding(gin_dir, binding, expected):
   msg = _error(gin_dir, f"include 'base.gin'\nrun.mesh = @MeshConfig()\n{binding}\n")

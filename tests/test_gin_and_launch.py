@@ -12,7 +12,7 @@ import flax.linen as nn
 import jax
 import pytest
 
-from st5_jax import aot, configs, gin_config, partitioning
+from st5_jax import aot, configs, gin_config, partitioning, train
 from st5_jax.objectives import Contrastive
 from st5_jax.commands.train import parse_gin
 from st5_jax.model import abstract_params
@@ -51,6 +51,27 @@ def test_every_gin_file_parses(name):
     gin_config.run_spec()
   else:
     _spec(name)
+
+
+# Every file that describes a whole run (not a model size, a slice or a shared recipe).
+BUILDABLE = [f for f in GIN_FILES if not f.startswith(("models/", "targets/", "runs/"))]
+
+
+@pytest.mark.parametrize("name", BUILDABLE)
+def test_every_run_file_builds_and_lowers_its_step(name):
+  """The trainer's own build on the 8 fake CPU devices, and its step lowered on the batch the
+  objective declares (what `st5 aot` compiles): every objective, size and mesh rule of the file."""
+  spec = _spec(name)
+  tc = spec.train_config
+  mesh = partitioning.make_mesh(spec.mesh)
+  setup = train.build(spec.model, tc, mesh, spec.rules)
+  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                       setup.abstract_state, setup.state_shardings)
+  batch = aot.abstract_batch(mesh, tc.global_batch_size, dict(spec.data.feature_lengths), objective=tc.objective)
+  with jax.set_mesh(mesh):
+    lowered = setup.step_fn.lower(state, batch)
+  metrics = lowered.out_info[1]
+  assert {"loss", "grad_norm", "learning_rate"} <= set(metrics), name
 
 
 # The paper's recipe (Sentence-T5 section 3), written out here rather

@@ -155,7 +155,7 @@ class RelativePositionBiases(nn.Module):
                        nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
                        (self.num_heads, self.num_buckets), ("heads", "relpos_buckets"))
     if positions_BxL is not None:
-      # ConSERT's token shuffle: token j sits at position positions[b, j] (st5_jax/consert).
+      # ConSERT's token shuffle: token j sits at position positions[b, j] (st5_jax/objectives/consert).
       rel_BxQxK = positions_BxL[:, None, :] - positions_BxL[:, :, None]
       buckets_BxQxK = bucket_offsets(rel_BxQxK, bidirectional=self.bidirectional,
                                      num_buckets=self.num_buckets, max_distance=self.max_distance)

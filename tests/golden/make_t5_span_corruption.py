@@ -1,6 +1,6 @@
 """Records the `t5` package's span corruption on fixed documents and seeds (t5_span_corruption.json).
 
-tests/test_seed_encoder.py compares st5_jax/data/span_corruption.py with these outputs.
+tests/test_seed_encoder.py compares st5_jax/objectives/seed_encoder/span_corruption.py with these outputs.
 t5 cannot be installed beside this project's pins (t5 0.9.4 requires seqio-nightly,
 tfds-nightly and mesh-tensorflow, which install over seqio 0.0.20 and
 tensorflow-datasets), so this script loads only `t5/data/preprocessors.py` from the
