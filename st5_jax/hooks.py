@@ -135,12 +135,13 @@ class LogMetrics:
     host.update(self.throughput.rates())
     self.writer.write(info.step, host)
     self.last = host
+    # Every objective reports `loss`; `accuracy` where it has one (not alignment + uniformity).
+    acc = {"acc": f"{host['accuracy']:.2f}"} if "accuracy" in host else {}
     if self.bar is not None:
-      self.bar.set_postfix(loss=f"{host['loss']:.3f}", acc=f"{host['accuracy']:.2f}",
-                           ex_s=f"{host['examples_per_sec']:.0f}", refresh=False)
+      self.bar.set_postfix(loss=f"{host['loss']:.3f}", **acc, ex_s=f"{host['examples_per_sec']:.0f}", refresh=False)
     elif self.lead:  # no progress bar (pods, logs): one line per logged step
-      log.info("step %d/%d: loss %.4f, accuracy %.3f, %.0f examples/s", info.step, self.num_train_steps,
-               host["loss"], host["accuracy"], host["examples_per_sec"])
+      log.info("step %d/%d: loss %.4f,%s %.0f examples/s", info.step, self.num_train_steps, host["loss"],
+               f" accuracy {host['accuracy']:.3f}," if acc else "", host["examples_per_sec"])
 
 
 class PeriodicEval:

@@ -119,7 +119,7 @@ def test_it_saves_restores_continues_and_exports_its_tower(name, tmp_path, vocab
   kw = dict(workdir=tmp_path / "work", model_config=spec.model, train_config=spec.train_config,
             make_iterator=spec.data, mesh_config=spec.mesh, vocab_file=vocab_path, progress=False, rules=spec.rules)
   first = train.train(**kw, stop_after_steps=1)
-  assert first.step == 1 and native.committed_steps(tmp_path / "work" / native.CHECKPOINT_DIR) == [1]
+  assert first.step == 1 and native.committed_steps(tmp_path / "work") == [1]
   _, params_1, _ = native.load_params(tmp_path / "work")
   second = train.train(**kw)  # restores step 1 (params, optimizer state, data position) and continues
   assert second.step == 2 and np.isfinite(second.summary["final_metrics"]["loss"])
