@@ -71,7 +71,7 @@ def test_a_run_file_binding_reaches_the_trainer_and_the_old_binding_is_refused(f
 
 
 def test_data_prepare_defaults_to_the_data_folder(folders, monkeypatch):
-  from st5_jax.data import prepare as prepare_lib  # pylint: disable=g-import-not-at-top
+  from st5_jax.data.offline import prepare as prepare_lib  # pylint: disable=g-import-not-at-top
   env, _, _ = folders
   seen = {}
 
