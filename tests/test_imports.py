@@ -27,6 +27,14 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / PACKAGE
 # an objective, never the other way round.
 BELOW_OBJECTIVES = ("st5_jax.data", "st5_jax.checkpoints", "st5_jax.model")
 OBJECTIVES = "st5_jax.objectives"
+# (importer, imported): the first must not import the second, directly or through a chain.
+# Checkpoint readers (the SavedModel one included) sit below the exporter; the mesh side
+# (partitioning) does not depend on the input pipeline.
+LAYERS = (
+    ("st5_jax.checkpoints", "st5_jax.export"),
+    ("st5_jax.partitioning", "st5_jax.data"),
+    ("st5_jax.paths", "st5_jax.data"),
+)
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -165,3 +173,34 @@ def test_lower_layers_import_no_objective():
       bad += [f"{module}:{line} imports {target}" for target, line in targets
               if target == OBJECTIVES or target.startswith(OBJECTIVES + ".")]
   assert not bad, "\n".join(bad)
+
+
+def _within(module: str, prefix: str) -> bool:
+  return module == prefix or module.startswith(prefix + ".")
+
+
+def _reachable(edges: dict[str, set[str]], start: str) -> dict[str, str]:
+  """{module reachable from start: the module it was reached from}."""
+  seen, todo = {start: ""}, [start]
+  while todo:
+    node = todo.pop()
+    for child in sorted(edges[node]):
+      if child not in seen:
+        seen[child] = node
+        todo.append(child)
+  return seen
+
+
+def test_layers():
+  edges, _ = import_graph()
+  bad = []
+  for importer, imported in LAYERS:
+    for start in (m for m in edges if _within(m, importer)):
+      via = _reachable(edges, start)
+      for target in sorted(m for m in via if _within(m, imported)):
+        chain, node = [], target
+        while node:
+          chain.append(node)
+          node = via[node]
+        bad.append(" -> ".join(reversed(chain)))
+  assert not bad, "layering broken:\n" + "\n".join(bad)
