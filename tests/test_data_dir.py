@@ -1,8 +1,9 @@
-"""One place decides where the data lives: st5_jax.data.config.data_dir.
+"""One place decides where the data lives: st5_jax.paths.resolve_data_dir.
 
-A command's --data_dir, else gin `st5_jax.data.options.data_dir`, else $ST5_DATA_DIR; the
-tasks, paths.data_dir (evaluation, `st5 eval`), the vocabulary fallback, the trainer's
-STS-B dev evaluation and `st5 data prepare` all ask it.
+A command's --data_dir, else gin `st5_jax.data.options.data_dir` (declared in
+st5_jax.data.config), else $ST5_DATA_DIR; the tasks (config.data_dir), paths.data_dir
+(evaluation, `st5 eval`), the vocabulary fallback, the trainer's STS-B dev evaluation and
+`st5 data prepare` all ask it.
 """
 
 from __future__ import annotations
