@@ -204,3 +204,13 @@ def test_layers():
           node = via[node]
         bad.append(" -> ".join(reversed(chain)))
   assert not bad, "layering broken:\n" + "\n".join(bad)
+
+
+def test_runtime_pipeline_does_not_import_offline_preparation():
+  # st5_jax/data/offline/ (catalogue, download, `st5 data prepare`, TFDS builders, the overlap
+  # report) may use the runtime pipeline, never the other way round; training neither.
+  edges, _ = import_graph()
+  offline = "st5_jax.data.offline"
+  starts = [m for m in edges if (_within(m, "st5_jax.data") and not _within(m, offline)) or m == "st5_jax.train"]
+  bad = sorted(f"{start} reaches {m}" for start in starts for m in _reachable(edges, start) if _within(m, offline))
+  assert not bad, "\n".join(bad)
