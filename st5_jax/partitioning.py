@@ -26,7 +26,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from st5_jax import optim
-from st5_jax.data import geometry
+from st5_jax import batch_geometry
 
 MESH_AXES = ("data", "fsdp", "model")
 BATCH_AXES = ("data", "fsdp")
@@ -97,7 +97,7 @@ def num_batch_shards(mesh: Mesh) -> int:
 
 def check_batch_size(global_batch_size: int, mesh: Mesh) -> None:
   """The batch over BATCH_AXES and the processes; the data side's check (one rule, one place)."""
-  geometry.check_global_batch_size(global_batch_size, mesh=mesh, data_axes=BATCH_AXES)
+  batch_geometry.check_global_batch_size(global_batch_size, mesh=mesh, data_axes=BATCH_AXES)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

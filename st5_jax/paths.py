@@ -22,8 +22,11 @@ derives what the other libraries need from it:
 
 Where the vocabulary lives is resolved here too: an argument, a model folder, $ST5_VOCAB,
 the data folder (each local or gs://), never implicitly downloaded; a missing file is an
-error that says which variable to set. Where the data folder is, st5_jax.data.config.data_dir
-decides (gin `st5_jax.data.options.data_dir`, else $ST5_DATA_DIR); `data_dir` here asks it.
+error that says which variable to set. Where the data folder is is decided here too, in one
+place (`resolve_data_dir`): an argument, else gin `st5_jax.data.options.data_dir`, else
+$ST5_DATA_DIR. The gin parameter is declared with the other data options in
+st5_jax.data.config, which hands its value over through `set_configured_data_dir` when it
+is imported (this module imports nothing of st5_jax: everything else builds on it).
 """
 
 from __future__ import annotations
@@ -36,11 +39,13 @@ import hashlib
 import os
 import shutil
 import tempfile
-from typing import IO, Iterator, Union
+from typing import IO, Callable, Iterator, Union
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 VOCAB_ENV = "ST5_VOCAB"
 DATA_DIR_ENV = "ST5_DATA_DIR"
+# The gin parameter that names the data folder (declared in st5_jax.data.config).
+GIN_DATA_DIR = "st5_jax.data.options.data_dir"
 VOCAB_RELPATH = "t5_spiece/spiece.model"
 # The file name the T5 vocabulary has in Hugging Face, T5X and our own model folders.
 VOCAB_BASENAME = "spiece.model"
@@ -291,11 +296,47 @@ def tensorstore_kvstore(p: PathLike) -> dict:
 # --------------------------------------------------------------- data and vocabulary
 
 
+# The configured data folder (gin `st5_jax.data.options.data_dir`), set by st5_jax.data.config.
+_configured_data_dir: Callable[[], str | None] = lambda: None
+
+
+def set_configured_data_dir(value: Callable[[], str | None]) -> None:
+  """Where `resolve_data_dir` reads the configured folder (st5_jax.data.config: its gin binding)."""
+  global _configured_data_dir
+  _configured_data_dir = value
+
+
+def resolve_data_dir(explicit: PathLike | None = None, *, required: bool = True) -> str | None:
+  """Where the data lives: the one place that decides, for the tasks, the trainer's STS-B dev
+  evaluation, the vocabulary fallback and every command.
+
+  `explicit` (a command's --data_dir), else gin `st5_jax.data.options.data_dir`, else
+  $ST5_DATA_DIR; local or gs://. required: the folder must exist (a missing one is a
+  MissingFileError that says what to set); otherwise None when nothing is set, and a set
+  folder is returned unchecked (e.g. `st5 data prepare` creates it).
+  """
+  if explicit:
+    value, source = os.fspath(explicit), "argument"
+  elif configured := _configured_data_dir():
+    value, source = configured, f"gin {GIN_DATA_DIR}"
+  elif os.environ.get(DATA_DIR_ENV):
+    value, source = os.environ[DATA_DIR_ENV], DATA_DIR_ENV
+  elif required:
+    raise MissingFileError(
+        f"No data directory given. Pass --data_dir, set {DATA_DIR_ENV} (or gin {GIN_DATA_DIR}) to a folder "
+        f"(local or gs://) in {LAYOUT_HINT}.")
+  else:
+    return None
+  p = path(value)
+  if required and not p.is_dir():
+    raise MissingFileError(f"Data directory {p} does not exist (from {source}). It should be a folder in "
+                           f"{LAYOUT_HINT}.")
+  return os.fspath(p)
+
+
 def data_dir(explicit: PathLike | None = None, *, required: bool = True) -> epath.Path | None:
-  """The folder of public data as a path; decided by `st5_jax.data.config.data_dir` (argument,
-  gin `st5_jax.data.options.data_dir`, $ST5_DATA_DIR)."""
-  from st5_jax.data import config  # pylint: disable=g-import-not-at-top  (config imports this module)
-  value = config.data_dir(explicit, required=required)
+  """The folder of public data as a path (`resolve_data_dir`)."""
+  value = resolve_data_dir(explicit, required=required)
   return path(value) if value else None
 
 

@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from st5_jax.data import builders, registry, tasks
-from st5_jax.data.geometry import DataConfigError
+from st5_jax.batch_geometry import DataConfigError
 from st5_jax.data.iterator import make_local_iterator
 from st5_jax.data.rows import BadRowError, InputFileError, RowFormat, RowReader, RowStats, list_files
 

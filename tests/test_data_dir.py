@@ -1,8 +1,9 @@
-"""One place decides where the data lives: st5_jax.data.config.data_dir.
+"""One place decides where the data lives: st5_jax.paths.resolve_data_dir.
 
-A command's --data_dir, else gin `st5_jax.data.options.data_dir`, else $ST5_DATA_DIR; the
-tasks, paths.data_dir (evaluation, `st5 eval`), the vocabulary fallback, the trainer's
-STS-B dev evaluation and `st5 data prepare` all ask it.
+A command's --data_dir, else gin `st5_jax.data.options.data_dir` (declared in
+st5_jax.data.config), else $ST5_DATA_DIR; the tasks (config.data_dir), paths.data_dir
+(evaluation, `st5 eval`), the vocabulary fallback, the trainer's STS-B dev evaluation and
+`st5 data prepare` all ask it.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def test_a_run_file_binding_reaches_the_trainer_and_the_old_binding_is_refused(f
 
 
 def test_data_prepare_defaults_to_the_data_folder(folders, monkeypatch):
-  from st5_jax.data import prepare as prepare_lib  # pylint: disable=g-import-not-at-top
+  from st5_jax.data.offline import prepare as prepare_lib  # pylint: disable=g-import-not-at-top
   env, _, _ = folders
   seen = {}
 

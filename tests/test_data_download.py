@@ -16,7 +16,8 @@ import pytest
 import raw_counts
 
 from st5_jax import cli
-from st5_jax.data import builders, catalog, download, prepare
+from st5_jax.data import builders
+from st5_jax.data.offline import catalog, download, prepare
 from st5_jax.data.rows import RowStats
 from st5_jax.evaluation import harness
 

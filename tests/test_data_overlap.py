@@ -1,7 +1,7 @@
 """No evaluation text in the training data: `st5 data overlap`, decontaminated public tasks, the QNLI leak.
 
 Overlaps are re-derived here with a normalisation written independently of
-st5_jax.data.overlap (NFKC, lower case, drop everything but letters and digits).
+st5_jax.data.overlap / offline.overlap_report (NFKC, lower case, drop everything but letters and digits).
 """
 
 import csv
@@ -15,6 +15,7 @@ import seqio
 import tfds_local
 from st5_jax import cli
 from st5_jax.data import builders, overlap, registry, tasks
+from st5_jax.data.offline import overlap_report
 from st5_jax.data.rows import RowStats
 from st5_jax.evaluation import harness
 
@@ -83,7 +84,7 @@ def test_squad_dev_leaks_into_qnli_and_the_command_says_so(data_dir, eval_texts,
   registry.register_public_task(name, {"train": lambda d, **kw: builders.build_reqa_squad(
       d, files=builders.SQUAD_DEV_RECONSTRUCTED, **kw)})
   examples = seqio.get_mixture_or_task(name).source.examples("train")
-  found, _ = overlap.find_overlaps([name], data_dir=str(data_dir), evaluations="SentGLUE-QNLI")
+  found, _ = overlap_report.find_overlaps([name], data_dir=str(data_dir), evaluations="SentGLUE-QNLI")
   texts = {_norm(t) for ex in examples for t in (ex["inputs"], ex["targets"])}
   assert [(o.evaluation, o.count) for o in found] == [("SentGLUE-QNLI", len(texts & eval_texts["SentGLUE-QNLI"]))]
   # From the raw files: every QNLI dev question is a SQuAD dev question (verbatim, too).

@@ -15,9 +15,10 @@ import raw_counts
 import seqio
 import sentencepiece as spm
 
+from st5_jax import batch_geometry as geometry
 from st5_jax import vocab
-from st5_jax.data import builders, convert, dedup, geometry, mixing, tasks
-from st5_jax.data.geometry import DataConfigError
+from st5_jax.batch_geometry import DataConfigError
+from st5_jax.data import builders, convert, dedup, mixing, tasks
 from st5_jax.data.iterator import make_local_iterator, make_train_iterator
 
 

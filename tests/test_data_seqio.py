@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from st5_jax import features, vocab
 from st5_jax.data import feature_converters, tasks
-from st5_jax.data.geometry import DataConfigError
+from st5_jax.batch_geometry import DataConfigError
 from st5_jax.data.iterator import make_local_iterator, make_train_iterator
 
 

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from st5_jax.checkpoints import native, tree
-from st5_jax.data import iterator, prepare
+from st5_jax.data import iterator
+from st5_jax.data.offline import prepare
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TPU_RUN = str(REPO / "launch" / "tpu_run.sh")

@@ -14,7 +14,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 import tfds_local
-from st5_jax.data import builders, prepare, tasks, tfds_builders, tfds_tasks
+from st5_jax.data import builders, tasks, tfds_tasks
+from st5_jax.data.offline import prepare, tfds_builders
 from st5_jax.data.iterator import make_local_iterator
 from st5_jax.data.rows import RowStats
 

@@ -22,6 +22,7 @@ from st5_jax.checkpoints import loader, native, tree
 from st5_jax.commands.train import parse_gin
 from st5_jax.data import overlap, seed_pretraining as sp, span_corruption as sc
 from st5_jax.data import make_local_iterator
+from st5_jax.data.offline import overlap_report
 from st5_jax import gin_config
 from test_seed_encoder import TINY, VOCAB, SyntheticSpanCorruption, _tc, np_decode
 
@@ -57,9 +58,9 @@ def test_qa_text_task_has_no_evaluation_text(data_dir):
   assert len(texts) > 10_000 and len(set(texts)) == len(texts)
   assert not built.evaluation_sets_missing  # every evaluation set was read, so every one was checked
   assert sum(n for r, n in built.stats.filtered_by_reason.items() if r.startswith("text in evaluation set")) > 0
-  found, missing = overlap.find_overlaps([sp.QA_TEXT], data_dir=str(data_dir))
+  found, missing = overlap_report.find_overlaps([sp.QA_TEXT], data_dir=str(data_dir))
   assert not missing
-  assert found == [], overlap.summary(found, missing)
+  assert found == [], overlap_report.summary(found, missing)
   # Never SQuAD dev (QNLI dev comes from it): its paragraphs are not in the corpus.
   squad = json.loads((data_dir / "squad_v1.1_dev/dev-v1.1.reconstructed.json").read_text())
   paragraphs = {overlap.normalize(p["context"]) for a in squad["data"] for p in a["paragraphs"]}
@@ -69,7 +70,7 @@ def test_qa_text_task_has_no_evaluation_text(data_dir):
 def test_the_overlap_check_sees_what_decontamination_removes(data_dir, monkeypatch):
   # Without decontamination the same corpus overlaps evaluation sets: the check above is live.
   monkeypatch.setenv("ST5_DATA_DECONTAMINATE", "0")
-  found, _ = overlap.find_overlaps([sp.QA_TEXT], data_dir=str(data_dir))
+  found, _ = overlap_report.find_overlaps([sp.QA_TEXT], data_dir=str(data_dir))
   assert {o.evaluation for o in found} >= {"TREC", "SST2"}
 
 

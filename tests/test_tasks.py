@@ -85,7 +85,7 @@ def test_seqio_sharding_uses_shard_info():
 
 @pytest.fixture(scope="module")
 def prepared_dir(data_dir, tmp_path_factory):
-  from st5_jax.data import prepare  # pylint: disable=g-import-not-at-top
+  from st5_jax.data.offline import prepare  # pylint: disable=g-import-not-at-top
   out = tmp_path_factory.mktemp("prepared")
   report = prepare.prepare(out_dir=str(out), source_dir=str(data_dir), datasets=["wikiqa", "snli_triples_derived"],
                            progress=False, offline=True)

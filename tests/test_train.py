@@ -79,7 +79,7 @@ def test_sharded_step_equals_unsharded(mesh_shape, unsharded_steps):
 def test_clear_errors_before_compiling():
   with pytest.raises(partitioning.PartitioningError, match="needs 12 devices, but 8"):
     partitioning.make_mesh(partitioning.MeshConfig(3, 2, 2))
-  from st5_jax.data.geometry import DataConfigError
+  from st5_jax.batch_geometry import DataConfigError
   with pytest.raises(DataConfigError, match="not divisible by the number of data shards 8"):
     train.build(TINY, _tc(global_batch_size=12), partitioning.make_mesh(partitioning.MeshConfig(8, 1, 1)))
   odd = TINY.replace(t5=TINY.t5.replace(num_heads=3, head_dim=6))  # joined_kv 18 over model=4

@@ -23,9 +23,8 @@ from typing import Any, Callable
 import jax
 
 from st5_jax import paths
-from st5_jax.checkpoints import hf, native, sentence_transformers, t5x, tree
+from st5_jax.checkpoints import hf, native, savedmodel, sentence_transformers, t5x, tree
 from st5_jax.configs import ST5Config
-from st5_jax.export import savedmodel
 
 log = logging.getLogger(__name__)
 

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _prepare(args) -> int:
-  from st5_jax.data import prepare as prepare_lib  # pylint: disable=g-import-not-at-top
+  from st5_jax.data.offline import prepare as prepare_lib  # pylint: disable=g-import-not-at-top
   from st5_jax.data import config as data_config  # pylint: disable=g-import-not-at-top
   env_dir = data_config.data_dir(required=False)  # the data folder the tasks read (gin, else $ST5_DATA_DIR)
   out = args.out or env_dir
@@ -113,7 +113,8 @@ def _list(args) -> int:
   # (the readers alone add ~0.1 s; seqio and the task registry import TensorFlow).
   import seqio  # pylint: disable=g-import-not-at-top
 
-  from st5_jax.data import catalog, tasks  # pylint: disable=g-import-not-at-top
+  from st5_jax.data import tasks  # pylint: disable=g-import-not-at-top
+  from st5_jax.data.offline import catalog  # pylint: disable=g-import-not-at-top
   datasets = [{"name": d.name, "files": len(d.files), "optional": d.optional, "local_only": d.local_only,
                "description": d.description, "note": d.note} for d in catalog.DATASETS.values()]
   task_rows = [{"name": n, "splits": list(seqio.get_mixture_or_task(n).splits),
@@ -151,15 +152,17 @@ def _nli_triples(args) -> int:
 
 def _overlap(args) -> int:
   # The evaluation readers and the task registry (TensorFlow): see _list.
-  from st5_jax.data import overlap, tasks  # noqa: F401  pylint: disable=g-import-not-at-top
+  from st5_jax.data import tasks  # noqa: F401  pylint: disable=g-import-not-at-top
+  from st5_jax.data.offline import overlap_report  # pylint: disable=g-import-not-at-top
   for module in args.module:
     importlib.import_module(module)
   try:
     data_dir = str(paths.data_dir(args.data_dir))
     names = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    found, missing = overlap.find_overlaps(names, data_dir=data_dir, evaluations=args.eval, split=args.split,
-                                           show=args.show)
+    found, missing = overlap_report.find_overlaps(names, data_dir=data_dir, evaluations=args.eval,
+                                                  split=args.split, show=args.show)
   except (FileNotFoundError, ValueError) as e:  # also seqio's "not found" for an unknown task name
     raise UsageError(str(e)) from e
-  print(json.dumps(overlap.as_json(found, missing), indent=1) if args.json else overlap.summary(found, missing))
+  print(json.dumps(overlap_report.as_json(found, missing), indent=1) if args.json
+        else overlap_report.summary(found, missing))
   return 1 if found else 0

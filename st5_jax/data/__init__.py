@@ -2,13 +2,16 @@
 
     from st5_jax.data import make_train_iterator   # registers the st5_* tasks on first use
 
-Submodules, along the data flow: rows (file readers, bad-row accounting), builders
-(public datasets), sources/registry/tasks (seqio tasks), geometry (batch over mesh and
-processes), convert + feature_converters (task features -> batch features), streams
-(one task's epochs: seqio's pipeline or the NumPy path), mixing, dedup, iterator
-(batches, state); catalog/download/prepare (`st5 data prepare`), overlap (`st5 data
-overlap`). Attributes below are imported lazily so that `import st5_jax.data.rows`
-does not pull in JAX or TensorFlow.
+Submodules, along the data flow: config (data options), rows (file readers, bad-row
+accounting), builders (public datasets), overlap (decontamination against the evaluation
+sets), sources/registry/tasks/tfds_tasks (seqio tasks), vocabulary, convert +
+feature_converters (task features -> batch features), streams (one task's epochs:
+seqio's pipeline or the NumPy path), mixing, dedup, iterator (batches, state; how a
+batch splits over mesh and processes is st5_jax.batch_geometry, shared with
+st5_jax.partitioning). Offline preparation (`st5 data prepare`, `st5 data list`, `st5
+data overlap`: catalogue, download, TFDS builders, overlap report) is the subpackage
+st5_jax.data.offline, which nothing here imports. Attributes below are imported lazily
+so that `import st5_jax.data.rows` does not pull in JAX or TensorFlow.
 """
 
 import importlib
@@ -17,7 +20,7 @@ _EXPORTS = {
     "make_train_iterator": "st5_jax.data.iterator",
     "make_local_iterator": "st5_jax.data.iterator",
     "BatchIterator": "st5_jax.data.iterator",
-    "DataConfigError": "st5_jax.data.geometry",
+    "DataConfigError": "st5_jax.batch_geometry",
     "batch_layout": "st5_jax.data.convert",
     "BatchLayout": "st5_jax.data.convert",
     "register_user_task": "st5_jax.data.registry",

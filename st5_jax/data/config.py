@@ -8,8 +8,9 @@ Gin (entry points only):
     st5_jax.data.options.decontaminate = False   # keep public examples that share a text with evaluation sets
 
 Environment: ST5_DATA_DIR, ST5_VOCAB (see st5_jax.paths), ST5_DATA_STRICT=1 and
-ST5_DATA_DECONTAMINATE=0. `data_dir()` below is the one place that decides where the data
-folder is (gin, else $ST5_DATA_DIR); paths.data_dir and the commands ask it.
+ST5_DATA_DECONTAMINATE=0. Where the data folder is (argument, else gin, else $ST5_DATA_DIR)
+is decided in one place, st5_jax.paths.resolve_data_dir: this module declares the gin
+parameter and hands its value to paths when imported; `data_dir()` below is paths'.
 Everything is resolved when a dataset is built, never at import, so importing the
 `tasks` package works without any data present.
 """
@@ -26,7 +27,7 @@ from st5_jax import paths
 STRICT_ENV = "ST5_DATA_STRICT"
 DECONTAMINATE_ENV = "ST5_DATA_DECONTAMINATE"
 PREPARED_DIRNAME = "prepared"
-GIN_DATA_DIR = "st5_jax.data.options.data_dir"
+GIN_DATA_DIR = paths.GIN_DATA_DIR
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,31 +53,12 @@ def options(data_dir: str | None = None, vocab: str | None = None, strict: bool 
 
 
 def data_dir(explicit: str | os.PathLike | None = None, *, required: bool = True) -> str | None:
-  """Where the data lives: the one place that decides, for the tasks, the trainer's STS-B dev
-  evaluation, the vocabulary fallback and every command.
+  """Where the data lives (argument, gin `st5_jax.data.options.data_dir`, $ST5_DATA_DIR), as a
+  string: st5_jax.paths.resolve_data_dir, which reads the gin binding through the hook below."""
+  return paths.resolve_data_dir(explicit, required=required)
 
-  `explicit` (a command's --data_dir), else gin `st5_jax.data.options.data_dir`, else
-  $ST5_DATA_DIR; local or gs://. required: the folder must exist (a missing one is a
-  MissingFileError that says what to set); otherwise None when nothing is set, and a set
-  folder is returned unchecked (e.g. `st5 data prepare` creates it).
-  """
-  if explicit:
-    value, source = os.fspath(explicit), "argument"
-  elif options().data_dir:
-    value, source = options().data_dir, f"gin {GIN_DATA_DIR}"
-  elif os.environ.get(paths.DATA_DIR_ENV):
-    value, source = os.environ[paths.DATA_DIR_ENV], paths.DATA_DIR_ENV
-  elif required:
-    raise paths.MissingFileError(
-        f"No data directory given. Pass --data_dir, set {paths.DATA_DIR_ENV} (or gin {GIN_DATA_DIR}) to a folder "
-        f"(local or gs://) in {paths.LAYOUT_HINT}.")
-  else:
-    return None
-  p = paths.path(value)
-  if required and not p.is_dir():
-    raise paths.MissingFileError(f"Data directory {p} does not exist (from {source}). It should be a folder in "
-                                 f"{paths.LAYOUT_HINT}.")
-  return os.fspath(p)
+
+paths.set_configured_data_dir(lambda: options().data_dir)
 
 
 def prepared_dir(base: str | None = None) -> str:

@@ -26,7 +26,7 @@ import numpy as np
 import seqio
 
 from st5_jax import features as features_lib
-from st5_jax.data.geometry import DataConfigError
+from st5_jax.batch_geometry import DataConfigError
 
 
 @dataclasses.dataclass(frozen=True)

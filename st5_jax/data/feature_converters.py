@@ -19,7 +19,7 @@ import seqio
 import tensorflow as tf
 
 from st5_jax.data import convert
-from st5_jax.data.geometry import DataConfigError
+from st5_jax.batch_geometry import DataConfigError
 from st5_jax.features import MODEL_FEATURE_NAMES  # noqa: F401  (re-exported)
 
 

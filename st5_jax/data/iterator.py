@@ -1,6 +1,6 @@
 """From a seqio task or mixture to global jax.Arrays on the mesh: sharded, deterministic, resumable.
 
-Each process reads only its shard of every task (geometry.py decides which), turns it
+Each process reads only its shard of every task (st5_jax.batch_geometry decides which), turns it
 into rows of the batch layout (streams.py: seqio's own pipeline for any task, or the
 NumPy path for this project's sources), interleaves tasks by the deterministic
 mixture schedule (mixing.py), optionally keeps duplicate texts out of a batch
@@ -30,8 +30,9 @@ import numpy as np
 import seqio
 from jax.experimental import multihost_utils
 
-from st5_jax.data import convert, dedup as dedup_lib, geometry, mixing, streams as streams_lib
-from st5_jax.data.geometry import DataConfigError
+from st5_jax import batch_geometry as geometry
+from st5_jax.batch_geometry import DataConfigError
+from st5_jax.data import convert, dedup as dedup_lib, mixing, streams as streams_lib
 from st5_jax.data.rows import RowStats
 
 STATE_VERSION = 2

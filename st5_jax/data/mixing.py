@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import seqio
 
-from st5_jax.data.geometry import DataConfigError
+from st5_jax.batch_geometry import DataConfigError
 
 
 def tasks_and_rates(provider: seqio.DatasetProviderBase) -> tuple[list[seqio.Task], np.ndarray]:

@@ -1,4 +1,4 @@
-"""Overlap between training data and evaluation sets: report it, and keep public tasks clear of it.
+"""Overlap between training data and evaluation sets: what counts, and keeping public tasks clear of it.
 
 Texts are compared after normalisation: NFKC, lower case, and only letters and digits
 kept ("A man is running ." == "a man is running."), so tokenisation and spacing
@@ -6,25 +6,25 @@ variants of the same sentence match. The evaluation texts of a set are every tex
 evaluation encodes (st5_jax.evaluation.harness: STS pairs, SentEval and SentGLUE
 sentences, classifier training parts included).
 
-* `st5 data overlap --tasks ... --eval ...` reports, per training task and evaluation
-  set, how many distinct evaluation texts occur in the training task (exit status 1
-  when any do).
 * The public tasks are decontaminated when they are built: an example with any text
   that occurs in an evaluation set is dropped and counted (`rows_filtered`, reason
   "text in evaluation set <name>"); the TFDS-backed tasks do the same in TF
   (`decontaminate_tf`). Users' tasks are left as they are: check them with the command.
-"""
+* `st5 data overlap --tasks ... --eval ...` reports, per training task and evaluation
+  set, how many distinct evaluation texts occur in the training task (exit status 1
+  when any do): st5_jax.data.offline.overlap_report, built on this module.
 
+This module is part of the runtime pipeline (st5_jax.data.sources and tfds_tasks call it
+while building a task) and imports no task source.
+"""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import re
 import unicodedata
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Sequence
 
-import seqio
 import tensorflow as tf
 import tensorflow_text as tf_text
 
@@ -135,76 +135,3 @@ def _tf_table(data_dir: str):
     return None
   init = tf.lookup.KeyValueTensorInitializer(tf.constant(keys, tf.string), tf.ones(len(keys), tf.bool))
   return tf.lookup.StaticHashTable(init, default_value=False)
-
-
-# ----------------------------------------------------------------------------- reporting
-
-
-def task_texts(task_name: str, split: str) -> Iterator[str]:
-  """Every text of a task split: raw rows for this project's sources, else seqio's
-  preprocessed examples decoded with the task's vocabularies (untruncated)."""
-  from st5_jax.data import sources  # pylint: disable=g-import-not-at-top  (import cycle: sources imports overlap)
-  task = seqio.get_mixture_or_task(task_name)
-  if isinstance(task.source, sources.ExampleSource):
-    for ex in task.source.iter_examples(split):
-      yield from ex.values()
-    return
-  text_features = {k: f.vocabulary for k, f in task.output_features.items()
-                   if f.rank == 1 and not isinstance(f.vocabulary, seqio.PassThroughVocabulary)}
-  ds = task.get_dataset(sequence_length=None, split=split, shuffle=False, trim_output_features=False)
-  for ex in ds.as_numpy_iterator():
-    for k, vocab in text_features.items():
-      ids = [int(i) for i in ex[k] if i > 0 and i != vocab.eos_id]
-      yield vocab.decode(ids)
-
-
-@dataclasses.dataclass
-class Overlap:
-  task: str
-  split: str
-  evaluation: str
-  count: int  # distinct evaluation texts found in the task
-  evaluation_size: int
-  examples: list  # a few of them, shortest first
-
-
-def find_overlaps(tasks: Iterable[str], *, data_dir: str, evaluations: str | Sequence[str] = "all",
-                  split: str = "train", show: int = 3) -> tuple[list[Overlap], list[str]]:
-  """Overlaps of every task (mixtures expanded) with every evaluation set; and the sets not found."""
-  sets = evaluation_texts(data_dir, evaluations)
-  missing = list(missing_evaluation_sets(data_dir, evaluations))
-  names = []
-  for name in tasks:
-    provider = seqio.get_mixture_or_task(name)
-    names += [t.name for t in provider.tasks] if isinstance(provider, seqio.Mixture) else [name]
-  found = []
-  for task_name in dict.fromkeys(names):
-    originals: dict[str, str] = {}
-    for text in task_texts(task_name, split):
-      originals.setdefault(normalize(text), text)
-    originals.pop("", None)
-    for evaluation, texts in sets.items():
-      common = texts & originals.keys()
-      if common:
-        sample = sorted(common, key=lambda n: (len(n), n))[:show]
-        found.append(Overlap(task_name, split, evaluation, len(common), len(texts),
-                             [originals[n] for n in sample]))
-  return found, missing
-
-
-def summary(overlaps: Sequence[Overlap], missing: Sequence[str]) -> str:
-  lines = []
-  if overlaps:
-    lines.append(f"{'task (split)':46} {'evaluation set':20} {'overlap':>8} {'of':>7}  e.g.")
-    for o in overlaps:
-      lines.append(f"{o.task + ' (' + o.split + ')':46} {o.evaluation:20} {o.count:>8} {o.evaluation_size:>7}  "
-                   + " | ".join(e[:50] for e in o.examples))
-  else:
-    lines.append("No overlap between the training tasks and the evaluation sets.")
-  if missing:
-    lines += ["", "Evaluation sets not checked (files missing):"] + [f"  {m}" for m in missing]
-  return "\n".join(lines)
-
-
-def as_json(overlaps: Sequence[Overlap], missing: Sequence[str]) -> Mapping:
-  return {"overlaps": [dataclasses.asdict(o) for o in overlaps], "missing_evaluation_sets": list(missing)}

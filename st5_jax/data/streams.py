@@ -29,7 +29,7 @@ import seqio
 
 from st5_jax.data import convert, feature_converters
 from st5_jax.data import sources as sources_lib
-from st5_jax.data.geometry import DataConfigError
+from st5_jax.batch_geometry import DataConfigError
 from st5_jax.data.rows import RowStats
 
 # Examples per tf.data batch handed from seqio's pipeline to Python (cheap hand-off).

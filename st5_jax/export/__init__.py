@@ -11,7 +11,7 @@ Submodules import TensorFlow / JAX / safetensors only when used:
 
 from __future__ import annotations
 
-FORMATS = ("savedmodel", "sentence-transformers")
+from st5_jax.export.formats import FORMATS
 
 
 def export_model(*args, **kwargs):

@@ -10,7 +10,8 @@ import time
 from typing import Any, Sequence
 
 from st5_jax import paths
-from st5_jax.export import FORMATS, model_card, savedmodel, sentence_transformers, source
+from st5_jax.export import model_card, savedmodel, sentence_transformers, source
+from st5_jax.export.formats import FORMATS
 
 log = logging.getLogger(__name__)
 

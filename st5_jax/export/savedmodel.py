@@ -20,8 +20,9 @@ Layout of DIR (besides saved_model.pb and variables/):
     assets/st5_export.json    parameter names (T5X, unscanned) in variable order, metadata
     README.md                 the model card
 
-`load_flat` rebuilds T5X-named arrays from the variables without JAX or tracing, so
-every st5_jax tool (`SentenceEncoder.load`, training `init_from`) reads an export back.
+The layout's constants and its reader (`load_flat`, `read_config`, `read_metadata`, which
+rebuild T5X-named arrays from the variables without JAX or tracing) live with the other
+checkpoint readers in st5_jax.checkpoints.savedmodel; they are re-exported here.
 """
 
 from __future__ import annotations
@@ -43,20 +44,20 @@ from tqdm import tqdm
 
 from st5_jax import encode_options, paths, vocab
 from st5_jax.checkpoints import tree
+# The layout and its reader (re-exported: `savedmodel.load_flat`, `read_config`, ... as before).
+from st5_jax.checkpoints.savedmodel import (  # noqa: F401
+    ASSETS_DIR, CONFIG_FILE, EXPORT_FILE, VOCAB_FILE, assets as _assets, is_export, load_flat, read_config,
+    read_metadata)
 from st5_jax.configs import ST5Config
 from st5_jax.inference import length_buckets
 from st5_jax.model.st5 import SentenceT5, abstract_params
 
-# TensorFlow (and jax2tf, which imports it) only inside the functions that run it: the
-# checkpoint loader imports this module to detect and configure every model format, and
-# TensorFlow takes seconds to import.
+# TensorFlow (and jax2tf, which imports it) only inside the functions that run it:
+# SentenceEncoder imports this module for SavedModelEncoder, and TensorFlow takes seconds
+# to import.
 
 log = logging.getLogger(__name__)
 
-VOCAB_FILE = "spiece.model"
-CONFIG_FILE = "st5_config.json"
-EXPORT_FILE = "st5_export.json"
-ASSETS_DIR = "assets"
 FORMAT_VERSION = 1
 INPUT_KEY = "inputs"
 OUTPUT_KEY = "outputs"
@@ -64,53 +65,6 @@ TOKENS_KEY = "tokens"
 # StableHLO lowered for all three lets one SavedModel serve on TF CPU, GPU and TPU builds;
 # the runtime picks the lowering of the device it runs on.
 DEFAULT_PLATFORMS = ("cpu", "cuda", "tpu")
-# Checkpoint key of the i-th entry of the module's `params` list.
-_VARIABLE_KEY = "params/{}/.ATTRIBUTES/VARIABLE_VALUE"
-
-
-def _assets(path: str | os.PathLike) -> pathlib.Path:
-  return pathlib.Path(path) / ASSETS_DIR
-
-
-def is_export(path: str | os.PathLike) -> bool:
-  """True for a SavedModel written by `export` (not any SavedModel)."""
-  return (pathlib.Path(path) / "saved_model.pb").is_file() and (_assets(path) / EXPORT_FILE).is_file()
-
-
-def _require_export(path: str | os.PathLike) -> None:
-  if not (pathlib.Path(path) / "saved_model.pb").is_file():
-    raise FileNotFoundError(f"{path} is not a SavedModel (no saved_model.pb)")
-  if not (_assets(path) / EXPORT_FILE).is_file():
-    raise ValueError(f"{path} is a SavedModel but not one written by `st5 export` "
-                     f"({ASSETS_DIR}/{EXPORT_FILE} is missing), so its parameters cannot be read back. "
-                     "It may still be called from TensorFlow directly.")
-
-
-def read_config(path: str | os.PathLike) -> ST5Config:
-  _require_export(path)
-  return ST5Config.from_dict(json.loads((_assets(path) / CONFIG_FILE).read_text()))
-
-
-def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
-  _require_export(path)
-  return json.loads((_assets(path) / EXPORT_FILE).read_text())
-
-
-def load_flat(path: str | os.PathLike) -> tuple[ST5Config, dict[str, np.ndarray]]:
-  """Config and unscanned, T5X-named float32 arrays read from the SavedModel's variables."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (the checkpoint reader only; no graph is traced)
-
-  config = read_config(path)
-  meta = read_metadata(path)
-  reader = tf.train.load_checkpoint(str(pathlib.Path(path) / "variables" / "variables"))
-  flat = {}
-  for i, (name, shape) in enumerate(zip(meta["param_names"], meta["param_shapes"])):
-    value = np.asarray(reader.get_tensor(_VARIABLE_KEY.format(i)), np.float32)
-    if list(value.shape) != list(shape):
-      raise ValueError(f"{path}: variable {i} ({name}) has shape {value.shape}, "
-                       f"{EXPORT_FILE} says {tuple(shape)}")
-    flat[name] = value
-  return config, flat
 
 
 def _check_vocab(vocab_file: str, config: ST5Config) -> bytes:

@@ -24,7 +24,7 @@ import urllib.request
 import zipfile
 from typing import Callable
 
-from st5_jax.data.catalog import RemoteFile
+from st5_jax.data.offline.catalog import RemoteFile
 
 _CHUNK = 1 << 16
 USER_AGENT = "st5_jax-data/0.1 (+https://github.com/; dataset fetcher)"

@@ -1,7 +1,12 @@
 """Batch geometry: how a global batch splits over the mesh's data axes and the processes.
 
 The one place that checks a batch size against a mesh (st5_jax.partitioning delegates
-here) and that decides which shard of the data each process reads. Imports only JAX.
+here) and that decides which shard of the data each process reads (st5_jax.data.iterator
+asks it). It sits below both: it imports only JAX, so the mesh side (partitioning) does
+not depend on the input pipeline (st5_jax.data), nor the pipeline on the model's
+partitioning rules. DataConfigError, the pipeline's error for an inconsistent batch size,
+mesh, task or iterator state, is defined here for the same reason (also exported as
+st5_jax.data.DataConfigError).
 """
 
 from __future__ import annotations

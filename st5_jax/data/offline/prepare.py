@@ -26,9 +26,9 @@ import seqio
 from tqdm import tqdm
 
 from st5_jax.data import builders as builders_lib
-from st5_jax.data import catalog
+from st5_jax.data.offline import catalog
 from st5_jax.data import overlap
-from st5_jax.data import download as download_lib
+from st5_jax.data.offline import download as download_lib
 from st5_jax.data import sources as sources_lib
 from st5_jax.data.rows import BadRowError, InputFileError
 
@@ -225,7 +225,7 @@ def _write_tfds(out_dir: str, prepared: str, task_reports: list[TaskReport], *,
   # TFDS (seconds to import) only with --tfds.
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-  from st5_jax.data import tfds_builders  # pylint: disable=g-import-not-at-top  (imports TFDS)
+  from st5_jax.data.offline import tfds_builders  # pylint: disable=g-import-not-at-top  (imports TFDS)
   if not progress:
     tfds.disable_progress_bar()
   by_task: dict[str, list[TaskReport]] = {}
