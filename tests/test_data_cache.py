@@ -265,3 +265,36 @@ def test_command_errors_are_one_line(tmp_path, capsys):
     err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("st5 data cache: error: ")]
     assert len(err) == 1 and match in err[0], err
   assert not os.listdir(tmp_path)
+
+
+def test_two_processes_read_their_own_shards_and_resume_together(cache_root, tmp_path):
+  """Two processes x 2 CPU devices (gloo): process p reads shards p, p+2; the gathered state resumes both."""
+  import socket  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  worker = os.path.join(os.path.dirname(__file__), "cache_multihost_worker.py")
+  outs = [tmp_path / f"p{i}.json" for i in range(2)]
+  procs = [subprocess.Popen([sys.executable, worker, cache_root, str(outs[i])],
+                            env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",
+                                     JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+                                     JAX_PROCESS_ID=str(i)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+  for p in procs:
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err.decode()[-4000:]
+  got = [json.loads(o.read_text()) for o in outs]
+  for i, g in enumerate(got):
+    assert (g["process"], g["processes"], g["reader"], g["shards"]) == (i, 2, i, [i, i + 2])
+    assert g["resume_same"] and g["cursor_readers"] == ["0", "1"]
+    assert g["resume_records_read"] <= max(s["examples"] for s in _manifest(cache_root)["shards"])
+  assert got[0]["batches"] == got[1]["batches"]
+  # The global batch is reader 0's rows then reader 1's, as one process per reader makes them.
+  kw = dict(task=TASK, split="validation", feature_lengths=LENGTHS, batch_size=16, num_readers=2, seed=4,
+            shuffle_buffer_size=64, cache_dir=cache_root)
+  local = [_take(make_local_iterator(reader_id=r, **kw), 12) for r in (0, 1)]
+  for step, batch in enumerate(got[0]["batches"]):
+    for k, rows in batch.items():
+      np.testing.assert_array_equal(np.asarray(rows), np.concatenate([local[0][step][k], local[1][step][k]]))

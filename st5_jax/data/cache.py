@@ -44,7 +44,7 @@ import numpy as np
 import seqio
 
 from st5_jax import paths
-from st5_jax.data import convert, feature_converters, overlap
+from st5_jax.data import convert, feature_converters, overlap, streams
 from st5_jax.data import sources as sources_lib
 from st5_jax.data.geometry import DataConfigError
 from st5_jax.data.rows import RowStats, _masked_crc, iter_tfrecord_payloads
@@ -187,17 +187,17 @@ def _numpy_path_records(task: seqio.Task, split: str, layout: convert.BatchLayou
     block: list[tuple[bytes, dict]] = []
 
     def flush():
-      encoded = {}
+      columns, long_any = {}, np.zeros(len(block), bool)
       for f, vocab in token_features:
         ids = vocab.tokenizer.encode([ex[f.task_key] for _, ex in block], out_type=int)
-        keep = f.length - 1 if f.add_eos else f.length
-        long = sum(len(row) > keep for row in ids)
-        counts.trimmed_by_feature[f.task_key] = counts.trimmed_by_feature.get(f.task_key, 0) + long
-        encoded[f.task_key] = [row[:keep] + ([vocab.eos_id] if f.add_eos else []) for row in ids]
-        encoded[f.task_key + "\0untrimmed"] = [len(row) > keep for row in ids]
+        keep = f.length - 1 if f.add_eos else f.length  # as convert.encode_block
+        long = np.asarray([len(row) > keep for row in ids], bool)
+        counts.trimmed_by_feature[f.task_key] = counts.trimmed_by_feature.get(f.task_key, 0) + int(long.sum())
+        long_any |= long
+        columns[f.task_key] = [row[:keep] + ([vocab.eos_id] if f.add_eos else []) for row in ids]
+      counts.trimmed += int(long_any.sum())
       for i, (key, _) in enumerate(block):
-        counts.trimmed += any(encoded[f.task_key + "\0untrimmed"][i] for f, _ in token_features)
-        yield key, encode_example({f.task_key: encoded[f.task_key][i] for f, _ in token_features})
+        yield key, encode_example({name: rows[i] for name, rows in columns.items()})
       block.clear()
 
     for ex in reader.iter_examples(stats=stats):
@@ -257,8 +257,7 @@ def build_cache(task: seqio.Task, split: str, layout: convert.BatchLayout, *, nu
     raise CacheError(f"num_shards must be at least 1, got {num_shards}.")
   counts = _Counts()
   stats = RowStats()
-  use_numpy = numpy_path and convert.has_standard_preprocessors(task) and isinstance(
-      task.source, sources_lib.ExampleSource) and all(f.is_tokens for f in layout.features)
+  use_numpy = numpy_path and streams.uses_numpy_path(task, layout)
   if use_numpy:
     records, build = _numpy_path_records(task, split, layout, dedup=dedup, counts=counts, stats=stats)
   else:
