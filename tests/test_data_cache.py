@@ -13,7 +13,7 @@ import seqio
 import tensorflow as tf
 
 from st5_jax import cli
-from st5_jax.data import cache, overlap, tasks
+from st5_jax.data import cache, convert, overlap, tasks
 from st5_jax.data.iterator import make_local_iterator
 
 TASK = tasks.STAGE2_SNLI_TRIPLES
@@ -115,6 +115,18 @@ def test_written_bytes_are_a_pure_function_of_the_examples(cache_root, tmp_path)
   # The dedup key is the normalised text: spacing, case and punctuation do not make a new example.
   assert cache.dedup_key(["A man is running .", "x"]) == cache.dedup_key(["a man is running.", "X"])
   assert cache.dedup_key(["a man", "is running"]) != cache.dedup_key(["a man is", "running"])
+
+
+def test_seqio_path_writes_the_same_bytes_when_nothing_is_trimmed(data_dir):
+  """Any seqio task goes through its own pipeline; on a project task (long lengths) it matches the NumPy path."""
+  task = seqio.get_mixture_or_task(TASK)
+  layout = convert.batch_layout([task], {"inputs": 128, "targets": 128})
+  shards_np, m_np = cache.build_cache(task, "train", layout, num_shards=2)
+  shards_tf, m_tf = cache.build_cache(task, "train", layout, num_shards=2, numpy_path=False)
+  assert (m_np["pipeline"], m_tf["pipeline"]) == ("numpy", "seqio")
+  assert m_np["stats"]["trimmed"] == 0 and m_tf["stats"]["trimmed"] is None
+  assert m_tf["stats"]["dropped_duplicates"] == m_np["stats"]["dropped_duplicates"] >= 1
+  assert shards_tf == shards_np and m_tf["shards"] == m_np["shards"]
 
 
 def _resume_check(kw, steps, total, cache_dir):
