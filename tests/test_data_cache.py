@@ -290,7 +290,8 @@ def test_two_processes_read_their_own_shards_and_resume_together(cache_root, tmp
   worker = os.path.join(os.path.dirname(__file__), "cache_multihost_worker.py")
   outs = [tmp_path / f"p{i}.json" for i in range(2)]
   procs = [subprocess.Popen([sys.executable, worker, cache_root, str(outs[i])],
-                            env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",
+                            env=dict(os.environ, JAX_PLATFORMS="cpu",
+                                     XLA_FLAGS="--xla_force_host_platform_device_count=2",
                                      JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
                                      JAX_PROCESS_ID=str(i)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
@@ -310,3 +311,17 @@ def test_two_processes_read_their_own_shards_and_resume_together(cache_root, tmp
   for step, batch in enumerate(got[0]["batches"]):
     for k, rows in batch.items():
       np.testing.assert_array_equal(np.asarray(rows), np.concatenate([local[0][step][k], local[1][step][k]]))
+
+
+def test_cache_on_gcs_reads_as_the_local_one(cache_root, gcs):
+  url = gcs.url("cache", "root")
+  m = cache.write_cache(TASK, "validation", cache.task_dir(url, TASK, "validation"), 4, LENGTHS)
+  assert m == _manifest(cache_root)
+  kw = dict(task=TASK, split="validation", feature_lengths=LENGTHS, batch_size=64, seed=9, shuffle_buffer_size=50)
+  it = make_local_iterator(cache_dir=url, **kw)
+  _take(it, 3)
+  state = it.get_state()
+  ref = _take(make_local_iterator(cache_dir=cache_root, **kw), 6)[3:]
+  resumed = make_local_iterator(cache_dir=url, **kw)
+  resumed.set_state(state)
+  _assert_same(_take(resumed, 3), ref)
