@@ -325,3 +325,14 @@ def test_cache_on_gcs_reads_as_the_local_one(cache_root, gcs):
   resumed = make_local_iterator(cache_dir=url, **kw)
   resumed.set_state(state)
   _assert_same(_take(resumed, 3), ref)
+
+
+def test_chunked_shard_reads_cross_record_boundaries(cache_root):
+  import io  # pylint: disable=g-import-not-at-top
+  from st5_jax.data.rows import iter_tfrecord_payloads  # pylint: disable=g-import-not-at-top
+  data = open(os.path.join(cache.task_dir(cache_root, TASK, "validation"), cache.shard_name(1, 4)), "rb").read()
+  want = list(iter_tfrecord_payloads(io.BytesIO(data)))
+  chunked = cache._ChunkReader  # pylint: disable=protected-access
+  for chunk in (1, 7, 4096):
+    assert list(iter_tfrecord_payloads(chunked(io.BytesIO(data), chunk))) == want
+  assert list(iter_tfrecord_payloads(chunked(io.BytesIO(data[:-3]), 7)))[-1] == "truncated record"

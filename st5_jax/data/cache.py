@@ -403,7 +403,7 @@ class CacheReader:
     want = self.shards[index]["examples"]
     n = 0
     with paths.open_file(path, "rb") as f:
-      for payload in iter_tfrecord_payloads(f):
+      for payload in iter_tfrecord_payloads(_ChunkReader(f)):
         if isinstance(payload, str):
           raise CacheError(f"Cache shard {path}: {payload} at record {n + 1}; rewrite the cache (`st5 data cache`).")
         n += 1
@@ -412,6 +412,33 @@ class CacheReader:
         yield payload
     if n != want:
       raise CacheError(f"Cache shard {path} holds {n} records, the manifest says {want}; rewrite the cache.")
+
+
+class _ChunkReader:
+  """`read(n)` served from chunks of a file: one remote read per chunk, not three per record.
+
+  (gcsfs answers every small read through its event loop: ~10 ms each, 20 s for a
+  shard of 800 records on the test emulator; with 4 MiB chunks it is a few reads.)
+  """
+
+  def __init__(self, f, chunk_bytes: int = 1 << 22):
+    self._f, self._chunk = f, chunk_bytes
+    self._buf, self._pos = b"", 0
+
+  def read(self, n: int) -> bytes:
+    if len(self._buf) - self._pos < n:
+      parts = [self._buf[self._pos:]]
+      have = len(parts[0])
+      while have < n:
+        more = self._f.read(max(self._chunk, n - have))
+        if not more:
+          break
+        parts.append(more)
+        have += len(more)
+      self._buf, self._pos = b"".join(parts), 0
+    out = self._buf[self._pos:self._pos + n]
+    self._pos += len(out)
+    return out
 
 
 def decode_rows(records: Sequence[bytes], layout: convert.BatchLayout,
