@@ -258,6 +258,12 @@ def test_corrupt_truncated_or_mismatched_caches_are_one_line_errors(cache_root, 
   _error(lambda: make_local_iterator(cache_dir=root, **{**kw, "feature_lengths": {"inputs": 64, "targets": 40}}),
          "truncated to 40 tokens; this run asks for 64")
   _error(lambda: make_local_iterator(cache_dir=str(tmp_path / "none"), **kw), "No cache at .*st5 data cache")
+  # A state of another cache (other contents or shard count: its shards' checksums) is refused.
+  it = make_local_iterator(cache_dir=cache_root, **kw)
+  next(it)
+  _edit_manifest(folder, lambda m: m["shards"][0].update(sha256="0" * 64))
+  with pytest.raises(ValueError, match="caches: saved"):
+    make_local_iterator(cache_dir=root, **kw).set_state(it.get_state())
   # A state from the source path does not restore onto the cache (another order), nor vice versa.
   plain = make_local_iterator(task=TASK, split="validation", feature_lengths=LENGTHS, batch_size=8)
   next(plain)
