@@ -112,6 +112,8 @@ class DataConfig:
   module, imported from the gin file (`import my_tasks`). `model_features` renames
   task features in the batch (default: st5_jax.features; others keep their names).
   `numpy_path=False` sends this project's own sources through seqio's pipeline too.
+  `cache_dir` reads every task from its token cache `<cache_dir>/<task>/<split>` (written by
+  `st5 data cache`; each host its own shards, resume by shard counts; docs/data.md).
   """
 
   task: str
@@ -121,6 +123,7 @@ class DataConfig:
   split: str = "train"
   model_features: Mapping[str, str] | None = None
   numpy_path: bool = True
+  cache_dir: str | None = None
 
   def __call__(self, mesh: Mesh, global_batch_size: int, seed: int) -> BatchIterator:
     # Here, not at the top: st5_jax.data imports TensorFlow and seqio (seconds), which the
@@ -130,7 +133,8 @@ class DataConfig:
                                global_batch_size=global_batch_size, mesh=mesh,
                                data_axes=partitioning.BATCH_AXES, seed=seed, shuffle=self.shuffle,
                                dedup=self.dedup, split=self.split,
-                               model_feature_names=dict(self.model_features or {}), numpy_path=self.numpy_path)
+                               model_feature_names=dict(self.model_features or {}), numpy_path=self.numpy_path,
+                               cache_dir=self.cache_dir)
 
 
 @flax.struct.dataclass

@@ -178,8 +178,10 @@ class BatchIterator:
                global_batch_size: int, local_batch_size: int, reader_id: int, num_readers: int,
                mesh: jax.sharding.Mesh | None, data_axes: Sequence[str], seed: int, shuffle: bool, dedup: bool,
                repeat: bool, dedup_window: int, shuffle_buffer_size: int, prefetch: int = 2,
-               model_feature_names: Mapping[str, str] | None = None, numpy_path: bool = True):
+               model_feature_names: Mapping[str, str] | None = None, numpy_path: bool = True,
+               cache_dir: str | None = None):
     self.name = provider.name
+    self.cache_dir = cache_dir
     self.tasks, self.rates = mixing.tasks_and_rates(provider)
     self.split = split
     self.layout = convert.batch_layout(self.tasks, feature_lengths, model_feature_names=model_feature_names)
@@ -217,6 +219,13 @@ class BatchIterator:
     self.close()
     new = []
     for task in self.tasks:
+      if self.cache_dir:  # every task from its token cache (st5_jax.data.cache)
+        from st5_jax.data import cache_stream  # pylint: disable=g-import-not-at-top
+        new.append(cache_stream.CacheStream(
+            task, layout=self.layout, cache_dir=self.cache_dir, shuffle_buffer_size=self.shuffle_buffer_size,
+            stats=self._task_stats[task.name], split=self.split, reader_id=self.reader_id,
+            num_readers=self.num_readers, seed=self.seed, shuffle=self.shuffle, repeat=self.repeat))
+        continue
       new.append(streams_lib.make_stream(
           task, layout=self.layout, numpy_path=self.numpy_path, shuffle_buffer_size=self.shuffle_buffer_size,
           stats=self._task_stats[task.name], split=self.split, reader_id=self.reader_id,
@@ -284,13 +293,16 @@ class BatchIterator:
   # --- state ------------------------------------------------------------------
 
   def _config(self) -> dict[str, Any]:
-    return {
+    config = {
         "task": self.name, "split": self.split, "seed": self.seed, "shuffle": self.shuffle, "dedup": self.dedup,
         "dedup_window": self.window, "repeat": self.repeat, "global_batch_size": self.global_batch_size,
         "num_readers": self.num_readers, "feature_lengths": dict(self.feature_lengths),
         "tasks": [t.name for t in self.tasks], "shuffle_buffer_size": self.shuffle_buffer_size,
         "streams": {t.name: s.kind for t, s in zip(self.tasks, self._streams)},
     }
+    if self.cache_dir:  # a rewritten cache (other shards or contents) is another order
+      config["caches"] = {t.name: s.cache.fingerprint for t, s in zip(self.tasks, self._streams)}
+    return config
 
   def _gather_cursors(self, cursors: list) -> dict[str, dict[str, list[int]]]:
     """Every reader's cursors (a collective on several processes: all call get_state at the same step)."""
@@ -417,7 +429,7 @@ def make_train_iterator(*, task: str, feature_lengths: Mapping[str, int], global
                         shuffle: bool = True, dedup: bool = False, split: str = "train", repeat: bool = True,
                         dedup_window: int = DEFAULT_DEDUP_WINDOW, shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
                         prefetch: int = 2, model_feature_names: Mapping[str, str] | None = None,
-                        numpy_path: bool = True) -> BatchIterator:
+                        numpy_path: bool = True, cache_dir: str | None = None) -> BatchIterator:
   """Global batches of a registered task or mixture, sharded over `data_axes` of `mesh`.
 
   Args:
@@ -446,6 +458,9 @@ def make_train_iterator(*, task: str, feature_lengths: Mapping[str, int], global
       defaults (other features keep their names).
     numpy_path: run this project's own sources on the NumPy path (False: everything
       through seqio's pipeline; the orders differ, the tokens of a row do not).
+    cache_dir: read every task from its token cache <cache_dir>/<task>/<split>
+      (`st5 data cache`, st5_jax.data.cache) instead of its source; each process reads
+      only its own shards.
 
   Returns:
     A BatchIterator of {model feature: [B, L] token ids or [B] scalars} jax.Arrays.
@@ -459,7 +474,7 @@ def make_train_iterator(*, task: str, feature_lengths: Mapping[str, int], global
                        reader_id=assignment.reader_id, num_readers=assignment.num_readers, mesh=mesh,
                        data_axes=data_axes, seed=seed, shuffle=shuffle, dedup=dedup, repeat=repeat,
                        dedup_window=dedup_window, shuffle_buffer_size=shuffle_buffer_size, prefetch=prefetch,
-                       model_feature_names=model_feature_names, numpy_path=numpy_path)
+                       model_feature_names=model_feature_names, numpy_path=numpy_path, cache_dir=cache_dir)
 
 
 def make_local_iterator(*, task: str, feature_lengths: Mapping[str, int], batch_size: int, reader_id: int = 0,
@@ -467,7 +482,7 @@ def make_local_iterator(*, task: str, feature_lengths: Mapping[str, int], batch_
                         split: str = "train", repeat: bool = True, dedup_window: int = DEFAULT_DEDUP_WINDOW,
                         shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER, prefetch: int = 2,
                         model_feature_names: Mapping[str, str] | None = None,
-                        numpy_path: bool = True) -> BatchIterator:
+                        numpy_path: bool = True, cache_dir: str | None = None) -> BatchIterator:
   """NumPy batches of one reader's shard: what one process contributes (benchmarks, tests, debugging)."""
   if batch_size <= 0:
     raise DataConfigError(f"batch_size must be positive, got {batch_size}.")
@@ -479,4 +494,4 @@ def make_local_iterator(*, task: str, feature_lengths: Mapping[str, int], batch_
                        reader_id=reader_id, num_readers=num_readers, mesh=None, data_axes=(), seed=seed,
                        shuffle=shuffle, dedup=dedup, repeat=repeat, dedup_window=dedup_window,
                        shuffle_buffer_size=shuffle_buffer_size, prefetch=prefetch,
-                       model_feature_names=model_feature_names, numpy_path=numpy_path)
+                       model_feature_names=model_feature_names, numpy_path=numpy_path, cache_dir=cache_dir)
