@@ -121,7 +121,7 @@ def nt_xent_loss(a_BxD: Array, b_BxD: Array, *, temperature: float = 0.1) -> tup
   loss_b the mean over each view's anchors (also in the metrics).
 
   The official code (yym6472/ConSERT, AdvCLSoftmaxLoss._contrastive_loss_forward) returns
-  loss_a + loss_b = 2 L_con and multiplies that by its `cl_rate` 0.15; st5_jax.consert
+  loss_a + loss_b = 2 L_con and multiplies that by its `cl_rate` 0.15; st5_jax.objectives.consert
   keeps that convention for its weight, so the default 0.15 means 0.3 L_con.
   """
   a = a_BxD.astype(jnp.float32)
