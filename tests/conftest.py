@@ -78,3 +78,21 @@ def gcs():
   emulator.activate()
   yield emulator
   emulator.stop()
+
+
+@pytest.fixture
+def fresh_compiles():
+  """Compile, never load, executables of multi-device steps (tests/test_consert.py, the objectives contract).
+
+  With jaxlib 0.10.2 on CPU, a two-view step loaded from the persistent compilation cache
+  sometimes deadlocks in an all-gather rendezvous (one fake device runs an independent
+  collective first); freshly compiled, the same step never did (measured here).
+  """
+  from jax._src import compilation_cache  # pylint: disable=g-import-not-at-top
+
+  before = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()
+  yield
+  jax.config.update("jax_enable_compilation_cache", before)
+  compilation_cache.reset_cache()

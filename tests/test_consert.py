@@ -43,24 +43,6 @@ def _tokens(lengths, L, seed=0, vocab=300):
   return t
 
 
-@pytest.fixture
-def fresh_compiles():
-  """Compile, never load, executables of multi-device steps.
-
-  With jaxlib 0.10.2 on CPU, a two-view step loaded from the persistent compilation cache
-  sometimes deadlocks in an all-gather rendezvous (one fake device runs an independent
-  collective first); freshly compiled, the same step never did (measured here).
-  """
-  from jax._src import compilation_cache  # pylint: disable=g-import-not-at-top
-
-  before = jax.config.jax_enable_compilation_cache
-  jax.config.update("jax_enable_compilation_cache", False)
-  compilation_cache.reset_cache()
-  yield
-  jax.config.update("jax_enable_compilation_cache", before)
-  compilation_cache.reset_cache()
-
-
 def _params(cfg, seed=0, objective=None):
   module = SentenceT5(cfg) if objective is None else objective.make_model(cfg)
   return nn.unbox(module.init(jax.random.PRNGKey(seed), jnp.ones((1, 8), jnp.int32))["params"])

@@ -20,7 +20,9 @@ from st5_jax.objectives.seed_encoder import objective as seed_objective
 from st5_jax.objectives.seed_encoder import objective as seed_encoder
 from st5_jax.checkpoints import loader, native, tree
 from st5_jax.commands.train import parse_gin
-from st5_jax.data import overlap, seed_pretraining as sp, span_corruption as sc
+from st5_jax.data import overlap
+from st5_jax.objectives.seed_encoder import span_corruption as sc
+from st5_jax.objectives.seed_encoder import tasks as sp
 from st5_jax.data import make_local_iterator
 from st5_jax.data.offline import overlap_report
 from st5_jax import gin_config
