@@ -62,7 +62,8 @@ def _kill_when_hung(tmp_path, workdir, hang):
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   marker = workdir / "FAULT_HANG"
   deadline = time.time() + 400
-  while not marker.exists():
+  # The worker creates the marker, then writes it: wait for its text (read empty once under load).
+  while not (marker.exists() and marker.read_text().strip()):
     assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
     assert time.time() < deadline, "the save hook never fired"
     time.sleep(0.02)

@@ -593,7 +593,7 @@ def test_scanned_weak_decoder_names_stack_and_unstack():
 
   def names(scan):
     cfg = TINY.replace(t5=TINY.t5.replace(scan_layers=scan, remat_policy="full" if scan else "none"))
-    _, boxed = seed_encoder.make_model(cfg, seed_cfg)
+    boxed = seed_cfg.abstract_params(cfg)
     return {k: v.shape for k, v in tree.flatten(nn.unbox(boxed)).items()}
 
   unrolled, scanned = names(False), names(True)

@@ -206,7 +206,7 @@ def _cache(args) -> int:
   import seqio  # pylint: disable=g-import-not-at-top
 
   from st5_jax.data import cache  # pylint: disable=g-import-not-at-top
-  from st5_jax.data.iterator import get_provider  # pylint: disable=g-import-not-at-top
+  from st5_jax.data.streams import get_provider  # pylint: disable=g-import-not-at-top
   from st5_jax.data.rows import BadRowError  # pylint: disable=g-import-not-at-top
   for module in args.module:
     importlib.import_module(module)

@@ -295,8 +295,7 @@ def build_cache(task: seqio.Task, split: str, layout: convert.BatchLayout, *, nu
 def write_cache(task: str, split: str, out_dir: str, num_shards: int, feature_lengths: Mapping[str, int], *,
                 dedup: bool = True, numpy_path: bool = True) -> dict[str, Any]:
   """Writes the cache of one task split to `out_dir` (replaced as a whole); returns the manifest."""
-  from st5_jax.data.iterator import get_provider  # pylint: disable=g-import-not-at-top  (import cycle)
-  provider = get_provider(task)
+  provider = streams.get_provider(task)
   if isinstance(provider, seqio.Mixture):
     raise CacheError(f"{task} is a mixture; cache each of its tasks ({', '.join(t.name for t in provider.tasks)}).")
   if split not in provider.splits:

@@ -18,7 +18,6 @@ docs/data.md for the measurements and the trade-offs against tf.data checkpoints
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import queue
 import threading
@@ -33,6 +32,7 @@ from jax.experimental import multihost_utils
 from st5_jax import batch_geometry as geometry
 from st5_jax.batch_geometry import DataConfigError
 from st5_jax.data import convert, dedup as dedup_lib, mixing, streams as streams_lib
+from st5_jax.data.streams import get_provider  # noqa: F401  (re-exported: its old home)
 from st5_jax.data.rows import RowStats
 
 STATE_VERSION = 2
@@ -407,21 +407,6 @@ class BatchIterator:
   @property
   def element_spec(self) -> dict[str, tuple[int, ...]]:
     return {f.model_key: self.layout.shape(f, self.global_batch_size) for f in self.layout.features}
-
-
-def get_provider(name: str) -> seqio.DatasetProviderBase:
-  """A registered task or mixture (importing st5_jax.data.tasks registers the st5_* ones; an
-  objective's own tasks are registered by its module, which the trainer imports)."""
-  # Registered on first use, not when this module is imported (the contract of st5_jax.data).
-  from st5_jax.data import tasks as _  # noqa: F401  pylint: disable=g-import-not-at-top
-  try:
-    return seqio.get_mixture_or_task(name)
-  except ValueError as e:
-    known = sorted(n for n in itertools.chain(seqio.TaskRegistry.names(), seqio.MixtureRegistry.names())
-                   if n.startswith("st5_"))
-    raise DataConfigError(f"Unknown task or mixture {name!r}; registered st5 names: {known}. Tasks of your own "
-                          "are registered by importing their module, e.g. `import my_tasks` at the top of the "
-                          "gin file (on PYTHONPATH).") from e
 
 
 def make_train_iterator(*, task: str, feature_lengths: Mapping[str, int], global_batch_size: int,

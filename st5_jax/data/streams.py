@@ -286,3 +286,18 @@ def make_stream(task: seqio.Task, *, layout: convert.BatchLayout, numpy_path: bo
   if numpy_path and uses_numpy_path(task, layout):
     return NumpyStream(task, layout=layout, shuffle_buffer_size=shuffle_buffer_size, stats=stats, **kwargs)
   return SeqioStream(task, layout=layout, **kwargs)
+
+
+def get_provider(name: str) -> seqio.DatasetProviderBase:
+  """A registered task or mixture (importing st5_jax.data.tasks registers the st5_* ones; an
+  objective's own tasks are registered by its module, which the trainer imports)."""
+  # Registered on first use, not when this module is imported (the contract of st5_jax.data).
+  from st5_jax.data import tasks as _  # noqa: F401  pylint: disable=g-import-not-at-top
+  try:
+    return seqio.get_mixture_or_task(name)
+  except ValueError as e:
+    known = sorted(n for n in itertools.chain(seqio.TaskRegistry.names(), seqio.MixtureRegistry.names())
+                   if n.startswith("st5_"))
+    raise DataConfigError(f"Unknown task or mixture {name!r}; registered st5 names: {known}. Tasks of your own "
+                          "are registered by importing their module, e.g. `import my_tasks` at the top of the "
+                          "gin file (on PYTHONPATH).") from e
