@@ -207,7 +207,7 @@ def test_init_from_hf_t5_keeps_its_decoder_and_starts_the_weak_decoder_fresh(tmp
     np.testing.assert_array_equal(got[k], v, err_msg=k)
   # Through training: the run starts from these arrays (decoder included) and saves the weak decoder.
   work = tmp_path / "seed"
-  r = train.train(workdir=work, model_config=TINY, train_config=_tc(num_train_steps=1, seed_encoder=seed),
+  r = train.train(workdir=work, model_config=TINY, train_config=_tc(num_train_steps=1, objective=seed),
                   make_iterator=lambda mesh, b, s: SyntheticSpanCorruption(mesh, b, s), init_from=str(hf_dir),
                   vocab_file=vocab_path, progress=False)
   assert r.step == 1 and r.summary["init_from"] == str(hf_dir)
