@@ -72,7 +72,7 @@ def register(subparsers) -> None:
   p = sub.add_parser("cache", help="Write a task's tokenised, de-duplicated examples as sharded TFRecords.",
                      description="Tokenise a task split (mixtures: each of its tasks) through its usual path, "
                                  "drop duplicates by normalised text and write OUT/<task>/<split>/: N TFRecord "
-                                 "shards and manifest.json. Train from it with make_train_iterator(cache_dir=OUT).")
+                                 "shards and manifest.json. Train from it with gin DataConfig.cache_dir = 'OUT'.")
   p.add_argument("--task", required=True, help="task or mixture name")
   p.add_argument("--out", required=True, help="cache root folder (local or gs://)")
   p.add_argument("--split", default="train", help="split (default train)")
