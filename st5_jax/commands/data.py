@@ -82,9 +82,15 @@ def register(subparsers) -> None:
                  help="token length per feature, e.g. inputs=64,targets=64 (negative_targets defaults to "
                       "targets); default inputs=64,targets=64")
   p.add_argument("--keep_duplicates", action="store_true", help="do not drop examples with the same normalised text")
+  p.add_argument("--no_decontaminate", action="store_true",
+                 help="keep examples that share a text with an evaluation set (default: drop and count them)")
+  p.add_argument("--runner", default=None,
+                 help="build with an Apache Beam pipeline on this runner (DirectRunner, DataflowRunner, ...); any "
+                      "further Beam flags follow, e.g. --project P --region R --temp_location gs://B/tmp "
+                      "(docs/data.md). Default: in memory, in this process")
   p.add_argument("--module", action="append", default=[],
                  help="Python module to import first, registering your tasks (repeatable)")
-  p.set_defaults(run=run)
+  p.set_defaults(run=run, accepts_extra=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -213,12 +219,21 @@ def _cache(args) -> int:
   lengths = _parse_lengths(args.feature_lengths)
   if args.num_shards < 1:
     raise UsageError(f"--num_shards must be at least 1, got {args.num_shards}.")
+  if args.extra and not args.runner:
+    raise UsageError(f"unrecognized arguments: {' '.join(args.extra)} (Beam flags need --runner)")
   try:
     provider = get_provider(args.task)
     names = [t.name for t in provider.tasks] if isinstance(provider, seqio.Mixture) else [provider.name]
     for name in names:
       out = cache.task_dir(args.out, name, args.split)
-      m = cache.write_cache(name, args.split, out, args.num_shards, lengths, dedup=not args.keep_duplicates)
+      if args.runner:
+        from st5_jax.data import beam_cache  # pylint: disable=g-import-not-at-top
+        m = beam_cache.write_cache_beam(name, args.split, out, args.num_shards, lengths,
+                                        dedup=not args.keep_duplicates, decontaminate=not args.no_decontaminate,
+                                        pipeline_args=[f"--runner={args.runner}", *args.extra])
+      else:
+        m = cache.write_cache(name, args.split, out, args.num_shards, lengths, dedup=not args.keep_duplicates,
+                              decontaminate=not args.no_decontaminate)
       s = m["stats"]
       print(f"{name} ({args.split}): {m['num_examples']} examples in {m['num_shards']} shards at {out}; rows in "
             f"{s['rows_in']}, dropped as duplicates {s['dropped_duplicates']}, as contaminated "

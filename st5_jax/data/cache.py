@@ -114,7 +114,8 @@ def shard_entry(index: int, num_shards: int, data: bytes, examples: int) -> dict
 
 def make_manifest(*, task: str, split: str, features: Sequence[Mapping[str, Any]], vocabulary_sha256: str,
                   shards: Sequence[Mapping[str, Any]], stats: Mapping[str, Any], pipeline: str,
-                  dedup: bool, decontaminated: bool | None) -> dict[str, Any]:
+                  dedup: bool, decontaminated: bool | None,
+                  missing_evaluation_sets: Sequence[str] = ()) -> dict[str, Any]:
   return {
       "format": FORMAT, "format_version": FORMAT_VERSION, "task": task, "split": split,
       "features": [dict(f) for f in features],
@@ -123,6 +124,7 @@ def make_manifest(*, task: str, split: str, features: Sequence[Mapping[str, Any]
       "dedup": ("blake2b-128 of the features' texts normalised as st5_jax.data.overlap.normalize; "
                 "first in source order kept") if dedup else None,
       "decontaminated": decontaminated,
+      "decontamination_missing_sets": sorted(m.split(" (")[0] for m in missing_evaluation_sets),
       "sharding": "shard = first 8 bytes of the dedup key, big-endian, mod num_shards; records sorted by "
                   "(key, record bytes)",
       "num_shards": len(shards), "num_examples": sum(s["examples"] for s in shards),
@@ -176,33 +178,69 @@ class _Counts:
   trimmed_by_feature: dict = dataclasses.field(default_factory=dict)
 
 
+def token_specs(task: seqio.Task, layout: convert.BatchLayout) -> list[tuple[str, int, bool, int]]:
+  """(task feature, kept tokens before EOS, add EOS, EOS id) per token feature: convert.encode_block's rule."""
+  out = []
+  for f in layout.features:
+    vocab = task.output_features[f.task_key].vocabulary
+    out.append((f.task_key, f.length - 1 if f.add_eos else f.length, f.add_eos, int(vocab.eos_id)))
+  return out
+
+
+def tokenize_block(examples: Sequence[Mapping[str, str]], specs, encode) -> tuple[list[bytes], list[tuple[bool, ...]]]:
+  """Record bytes of examples and, per example, which features were trimmed.
+
+  `encode(feature, texts)` returns token ids per text (the feature's SentencePiece model).
+  """
+  columns, long = {}, []
+  for name, keep, add_eos, eos_id in specs:
+    ids = encode(name, [ex[name] for ex in examples])
+    long.append([len(row) > keep for row in ids])
+    columns[name] = [row[:keep] + ([eos_id] if add_eos else []) for row in ids]
+  records = [encode_example({name: rows[i] for name, rows in columns.items()}) for i in range(len(examples))]
+  return records, list(zip(*long)) if long else [() for _ in examples]
+
+
+def contamination_index(decontaminate: bool) -> tuple[dict[str, str] | None, tuple[str, ...]]:
+  """{normalised evaluation text: first evaluation set holding it} and the sets missing, or (None, ())."""
+  if not decontaminate:
+    return None, ()
+  from st5_jax.data import config  # pylint: disable=g-import-not-at-top
+  data_dir = str(config.data_dir())
+  return overlap.evaluation_index(data_dir), overlap.missing_evaluation_sets(data_dir)
+
+
 def _numpy_path_records(task: seqio.Task, split: str, layout: convert.BatchLayout, *, dedup: bool,
-                        counts: _Counts, stats: RowStats) -> tuple[Iterator[tuple[bytes, bytes]], dict]:
+                        index: dict[str, str] | None, counts: _Counts,
+                        stats: RowStats) -> tuple[Iterator[tuple[bytes, bytes]], dict]:
   """(key, record) of a project source's examples in source order, tokenised as convert.encode_block."""
   reader = task.source.open(split)
-  token_features = [(f, task.output_features[f.task_key].vocabulary) for f in layout.features]
+  specs = token_specs(task, layout)
+  names = [name for name, *_ in specs]
+  vocabs = {f.task_key: task.output_features[f.task_key].vocabulary for f in layout.features}
+
+  def encode(name, texts):
+    return vocabs[name].tokenizer.encode(texts, out_type=int)
 
   def records():
     seen: set[bytes] = set()
     block: list[tuple[bytes, dict]] = []
 
     def flush():
-      columns, long_any = {}, np.zeros(len(block), bool)
-      for f, vocab in token_features:
-        ids = vocab.tokenizer.encode([ex[f.task_key] for _, ex in block], out_type=int)
-        keep = f.length - 1 if f.add_eos else f.length  # as convert.encode_block
-        long = np.asarray([len(row) > keep for row in ids], bool)
-        counts.trimmed_by_feature[f.task_key] = counts.trimmed_by_feature.get(f.task_key, 0) + int(long.sum())
-        long_any |= long
-        columns[f.task_key] = [row[:keep] + ([vocab.eos_id] if f.add_eos else []) for row in ids]
-      counts.trimmed += int(long_any.sum())
-      for i, (key, _) in enumerate(block):
-        yield key, encode_example({name: rows[i] for name, rows in columns.items()})
+      data, long = tokenize_block([ex for _, ex in block], specs, encode)
+      count_trimmed(counts, names, long)
+      for (key, _), record in zip(block, data):
+        yield key, record
       block.clear()
 
     for ex in reader.iter_examples(stats=stats):
       counts.examples_in += 1
-      key = dedup_key([ex[f.task_key] for f, _ in token_features])
+      if index is not None:
+        hit = overlap.first_hit(index, [ex[n] for n in names])
+        if hit is not None:
+          stats.filter(f"{_CONTAMINATED_PREFIX} {hit}")
+          continue
+      key = dedup_key([ex[n] for n in names])
       if dedup:
         if key in seen:
           counts.dropped_duplicates += 1
@@ -215,6 +253,16 @@ def _numpy_path_records(task: seqio.Task, split: str, layout: convert.BatchLayou
       yield from flush()
 
   return records(), dict(reader.build_stats)
+
+
+def count_trimmed(counts: _Counts, names: Sequence[str], long: Sequence[Sequence[bool]]) -> None:
+  for row in long:
+    counts.trimmed += int(any(row))
+    for name, flag in zip(names, row):
+      if flag:
+        counts.trimmed_by_feature[name] = counts.trimmed_by_feature.get(name, 0) + 1
+  for name in names:  # a feature never trimmed still gets its 0
+    counts.trimmed_by_feature.setdefault(name, 0)
 
 
 def _seqio_path_records(task: seqio.Task, split: str, layout: convert.BatchLayout, *, dedup: bool,
@@ -251,15 +299,16 @@ def _seqio_path_records(task: seqio.Task, split: str, layout: convert.BatchLayou
 
 
 def build_cache(task: seqio.Task, split: str, layout: convert.BatchLayout, *, num_shards: int, dedup: bool = True,
-                numpy_path: bool = True) -> tuple[list[bytes], dict[str, Any]]:
+                decontaminate: bool = True, numpy_path: bool = True) -> tuple[list[bytes], dict[str, Any]]:
   """The shard files' bytes and the manifest of a task split (nothing written)."""
   if num_shards < 1:
     raise CacheError(f"num_shards must be at least 1, got {num_shards}.")
   counts = _Counts()
   stats = RowStats()
   use_numpy = numpy_path and streams.uses_numpy_path(task, layout)
+  index, missing = contamination_index(decontaminate) if use_numpy else (None, ())
   if use_numpy:
-    records, build = _numpy_path_records(task, split, layout, dedup=dedup, counts=counts, stats=stats)
+    records, build = _numpy_path_records(task, split, layout, dedup=dedup, index=index, counts=counts, stats=stats)
   else:
     records, build = _seqio_path_records(task, split, layout, dedup=dedup, counts=counts), {}
   buckets: list[list[tuple[bytes, bytes]]] = [[] for _ in range(num_shards)]
@@ -267,18 +316,37 @@ def build_cache(task: seqio.Task, split: str, layout: convert.BatchLayout, *, nu
     buckets[shard_of(key, num_shards)].append((key, data))
   shards = [encode_shard(b) for b in buckets]
   entries = [shard_entry(i, num_shards, data, len(b)) for i, (data, b) in enumerate(zip(shards, buckets))]
-  read = stats.as_dict()
-  filtered = dict(build.get("filtered_by_reason", {}))
-  contaminated = sum(v for k, v in filtered.items() if k.startswith(_CONTAMINATED_PREFIX))
-  decontaminated = None
+  manifest = make_manifest(
+      task=task.name, split=split, features=feature_specs(task, layout),
+      vocabulary_sha256=vocabulary_sha256(task, layout), shards=entries,
+      stats=cache_stats(build, stats.as_dict(), counts, entries, use_numpy),
+      pipeline="numpy" if use_numpy else "seqio", dedup=dedup,
+      decontaminated=decontaminated_flag(task, index is not None), missing_evaluation_sets=missing)
+  return shards, manifest
+
+
+def decontaminated_flag(task: seqio.Task, by_cache: bool) -> bool | None:
+  """True when the cache step or the public source dropped evaluation texts; None: not known (seqio path)."""
+  if by_cache:
+    return True
   if isinstance(task.source, sources_lib.PublicSource):
     from st5_jax.data import config  # pylint: disable=g-import-not-at-top
-    decontaminated = bool(config.options().decontaminate)
-  out_stats = {
+    return bool(config.options().decontaminate)
+  return None
+
+
+def cache_stats(build: Mapping[str, Any], read: Mapping[str, Any], counts: _Counts,
+                entries: Sequence[Mapping[str, Any]], use_numpy: bool) -> dict[str, Any]:
+  """The manifest's stats from the source's build stats, the rows read (and filtered) and the cache step's counts."""
+  filtered = dict(build.get("filtered_by_reason", {}))
+  for k, v in read["filtered_by_reason"].items():
+    filtered[k] = filtered.get(k, 0) + v
+  contaminated = sum(v for k, v in filtered.items() if k.startswith(_CONTAMINATED_PREFIX))
+  return {
       "source_rows_read": build.get("rows_read", read["rows_read"]) if use_numpy else None,
       "source_rows_skipped": build.get("rows_skipped", 0) + read["rows_skipped"] if use_numpy else None,
       "source_rows_filtered": build.get("rows_filtered", 0) + read["rows_filtered"] if use_numpy else None,
-      "filtered_by_reason": {**filtered, **read["filtered_by_reason"]} if use_numpy else None,
+      "filtered_by_reason": dict(sorted(filtered.items())) if use_numpy else None,
       "rows_in": counts.examples_in,
       "dropped_duplicates": counts.dropped_duplicates,
       "dropped_contaminated": contaminated if use_numpy else None,
@@ -286,22 +354,28 @@ def build_cache(task: seqio.Task, split: str, layout: convert.BatchLayout, *, nu
       "trimmed_by_feature": dict(sorted(counts.trimmed_by_feature.items())) if use_numpy else None,
       "examples": sum(e["examples"] for e in entries),
   }
-  manifest = make_manifest(task=task.name, split=split, features=feature_specs(task, layout),
-                           vocabulary_sha256=vocabulary_sha256(task, layout), shards=entries, stats=out_stats,
-                           pipeline="numpy" if use_numpy else "seqio", dedup=dedup, decontaminated=decontaminated)
-  return shards, manifest
 
 
-def write_cache(task: str, split: str, out_dir: str, num_shards: int, feature_lengths: Mapping[str, int], *,
-                dedup: bool = True, numpy_path: bool = True) -> dict[str, Any]:
-  """Writes the cache of one task split to `out_dir` (replaced as a whole); returns the manifest."""
+def resolve_task(task: str, split: str, feature_lengths: Mapping[str, int]) -> tuple[seqio.Task,
+                                                                                   convert.BatchLayout]:
+  """The task (not a mixture) and its batch layout, or a CacheError saying why not."""
   provider = streams.get_provider(task)
   if isinstance(provider, seqio.Mixture):
     raise CacheError(f"{task} is a mixture; cache each of its tasks ({', '.join(t.name for t in provider.tasks)}).")
   if split not in provider.splits:
     raise CacheError(f"Task {task} has no split {split!r}; splits: {sorted(provider.splits)}.")
-  layout = convert.batch_layout([provider], feature_lengths)
-  shards, manifest = build_cache(provider, split, layout, num_shards=num_shards, dedup=dedup, numpy_path=numpy_path)
+  return provider, convert.batch_layout([provider], feature_lengths)
+
+
+def write_cache(task: str, split: str, out_dir: str, num_shards: int, feature_lengths: Mapping[str, int], *,
+                dedup: bool = True, decontaminate: bool = True, numpy_path: bool = True) -> dict[str, Any]:
+  """Writes the cache of one task split to `out_dir` (replaced as a whole) in memory; returns the manifest.
+
+  st5_jax.data.beam_cache.write_cache_beam writes the same files with Apache Beam.
+  """
+  provider, layout = resolve_task(task, split, feature_lengths)
+  shards, manifest = build_cache(provider, split, layout, num_shards=num_shards, dedup=dedup,
+                                 decontaminate=decontaminate, numpy_path=numpy_path)
   files = {e["file"]: data for e, data in zip(manifest["shards"], shards)}
   files[MANIFEST] = manifest_bytes(manifest)
   if paths.is_remote(out_dir):

@@ -23,7 +23,7 @@ import functools
 import logging
 import re
 import unicodedata
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import tensorflow as tf
 import tensorflow_text as tf_text
@@ -77,19 +77,30 @@ def missing_evaluation_sets(data_dir: str, names: str | Sequence[str] = "all") -
 # ----------------------------------------------------------------------------- decontamination
 
 
+@functools.lru_cache(maxsize=2)
+def evaluation_index(data_dir: str) -> dict[str, str]:
+  """{normalised evaluation text: the first evaluation set (harness order) that holds it}."""
+  index: dict[str, str] = {}
+  for name, texts in evaluation_texts(data_dir).items():
+    for t in texts:
+      index.setdefault(t, name)
+  return index
+
+
+def first_hit(index: Mapping[str, str], texts: Sequence[str]) -> str | None:
+  """The evaluation set of the first text (in feature order) found in `index`, else None."""
+  return next((index[n] for n in map(normalize, texts) if n in index), None)
+
+
 def decontaminate(examples: list[dict[str, str]], features: Sequence[str], *, data_dir: str,
                   stats) -> tuple[list[dict[str, str]], tuple[str, ...]]:
   """Drops examples with a text in any evaluation set found under `data_dir`; counts them in
   `stats` by set. Returns the kept examples and the evaluation sets whose files are missing."""
-  sets = evaluation_texts(data_dir)
+  index = evaluation_index(str(data_dir))
   missing = missing_evaluation_sets(data_dir)
-  index: dict[str, str] = {}
-  for name, texts in sets.items():
-    for t in texts:
-      index.setdefault(t, name)
   kept = []
   for ex in examples:
-    hit = next((index[n] for n in (normalize(ex[f]) for f in features) if n in index), None)
+    hit = first_hit(index, [ex[f] for f in features])
     if hit is None:
       kept.append(ex)
     else:
