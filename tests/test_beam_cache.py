@@ -3,6 +3,7 @@
 import json
 import os
 
+import numpy as np
 import pytest
 import seqio
 
@@ -149,3 +150,65 @@ def test_beam_cache_refuses_a_task_off_the_numpy_path(tmp_path):
     beam_cache.write_cache_beam(name, "train", str(tmp_path / "c"), 2, {"inputs": 8, "targets": 8},
                                 pipeline_args=DIRECT)
   assert not os.path.exists(tmp_path / "c")
+
+
+TRAIN_GIN = """
+include 'runs/base.gin'
+run.model = @st5_model()
+st5_model.size = 't5_tiny'
+st5_model.embedding_dim = 16
+st5_model.max_length = 24
+st5_model.dtype = 'float32'
+TASK_FEATURE_LENGTHS = {{'inputs': 24, 'targets': 16}}
+DataConfig.task = '{task}'
+DataConfig.split = 'validation'
+DataConfig.cache_dir = '{cache}'
+TrainConfig.global_batch_size = 16
+TrainConfig.num_train_steps = {steps}
+TrainConfig.checkpoint_every = 10
+TrainConfig.log_every = 1
+TrainConfig.eval_every = -1
+MeshConfig.data = -1
+"""
+
+
+def test_training_from_a_beam_cache_sigtermed_and_rerun_ends_bit_identical(data_dir, tmp_path):
+  """One process (the pod rehearsal does two): SIGTERM mid-run, rerun, same parameters as an uninterrupted run."""
+  import signal  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+
+  from st5_jax.checkpoints import native, tree  # pylint: disable=g-import-not-at-top
+
+  # 8 shards of ~380 rows: 60 steps of 16 cross shard boundaries, and the SIGTERM lands mid-shard.
+  beam_cache.write_cache_beam(PUBLIC, "validation", cache.task_dir(str(tmp_path / "c"), PUBLIC, "validation"), 8,
+                              {"inputs": 24, "targets": 16}, pipeline_args=DIRECT)
+  steps = 60
+  gin_file = tmp_path / "run.gin"
+  gin_file.write_text(TRAIN_GIN.format(task=PUBLIC, cache=tmp_path / "c", steps=steps))
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_ENABLE_COMPILATION_CACHE="false")
+
+  def cmd(wd):
+    return [sys.executable, "-m", "st5_jax.cli", "train", "--gin_file", str(gin_file), "--workdir", str(wd),
+            "--no_progress"]
+
+  subprocess.run(cmd(tmp_path / "straight"), env=env, check=True, capture_output=True, timeout=600)
+  wd = tmp_path / "interrupted"
+  proc = subprocess.Popen(cmd(wd), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  metrics = wd / "metrics.jsonl"
+  deadline = time.time() + 300
+  while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 13):
+    assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 143, err.decode()[-3000:]
+  stopped_at = native.load_params(wd)[2]
+  assert 12 <= stopped_at < steps and stopped_at % 10 != 0  # saved at the stop, not at a checkpoint_every step
+  subprocess.run(cmd(wd), env=env, check=True, capture_output=True, timeout=600)
+  (_, a, sa), (_, b, sb) = native.load_params(tmp_path / "straight"), native.load_params(wd)
+  assert sa == sb == steps
+  a, b = tree.flatten(a), tree.flatten(b)
+  for k in a:
+    np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)

@@ -1,6 +1,7 @@
 """ConSERT on the ST5 stack: views, NT-Xent, NLI head, objectives, tasks, global batch."""
 
 import collections
+import functools
 import itertools
 import json
 import math
@@ -386,13 +387,27 @@ def test_joint_loss_is_cross_entropy_plus_weighted_nt_xent_directions():
   # Recompute from the towers: CE of the first views, + 0.15 (loss_a + loss_b) per side.
   spec = tc.objective.spec(model, tc)
   tower = objective.Tower(sm, None, shuffle_tokens=spec.shuffle_tokens)
-  embs = {n: np.asarray(tower(params, *t)) for n, t in objective.plan_towers(spec, batch, key, dim=32).items()}
-  f = np.asarray(nli_pair_features(embs["premise1"], embs["hypothesis1"]))
-  logits = f @ np.asarray(params["nli_classifier"]["kernel"]) + np.asarray(params["nli_classifier"]["bias"])
-  logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
-  ce = -np.mean(logp[np.arange(16), batch[LABELS]])
-  con = sum(2 * _nt_xent_numpy(embs[f"{s}1"].astype(np.float64), embs[f"{s}2"].astype(np.float64), 0.1)[0]
-            for s in ("premise", "hypothesis"))
+  embs, normed = {}, {}
+  for n, (tokens, plan, k) in objective.plan_towers(spec, batch, key, dim=32).items():
+    seen, hooks = tower.inputs(params, tokens, plan)
+    run = functools.partial(sm.apply, {"params": params}, seen, deterministic=False, rngs={"dropout": k}, **hooks)
+    embs[n] = np.asarray(run(method="project"), np.float64)  # pooled + projected, before normalisation
+    normed[n] = np.asarray(run(), np.float64)  # what inference returns
+    # The raw vector is the inference output before its L2 normalisation, and far from unit length.
+    np.testing.assert_allclose(embs[n] / np.linalg.norm(embs[n], axis=1, keepdims=True), normed[n], atol=1e-5)
+    assert np.abs(np.linalg.norm(embs[n], axis=1) - 1).min() > 0.2
+
+  def numpy_ce(u, v):  # ConSERT's head: softmax over W [u, v, |u - v|, max(u, v)^2] + b (the official code)
+    f = np.concatenate([u, v, np.abs(u - v), np.maximum(u, v) ** 2], axis=1)
+    logits = f @ np.asarray(params["nli_classifier"]["kernel"], np.float64) + np.asarray(
+        params["nli_classifier"]["bias"], np.float64)
+    logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    return -np.mean(logp[np.arange(16), batch[LABELS]])
+
+  ce = numpy_ce(embs["premise1"], embs["hypothesis1"])
+  # The head reads the un-normalised vectors: the normalised ones give another loss.
+  assert abs(numpy_ce(normed["premise1"], normed["hypothesis1"]) - ce) > 1e-3
+  con = sum(2 * _nt_xent_numpy(embs[f"{s}1"], embs[f"{s}2"], 0.1)[0] for s in ("premise", "hypothesis"))
   assert float(metrics["nli_loss"]) == pytest.approx(ce, rel=1e-5)
   assert float(loss) == pytest.approx(ce + 0.15 * con, rel=1e-5)
   assert not np.allclose(embs["premise1"], embs["premise2"])
@@ -412,19 +427,20 @@ def test_adversarial_view_perturbs_the_first_view_by_fgv_of_the_nli_gradient():
   emb = lambda t: sm.apply({"params": params}, t, method="embed_tokens")  # noqa: E731
   xp, xh = emb(batch[LEFT]), emb(batch[RIGHT])
 
-  def ce(xp, xh):
-    u = sm.apply({"params": params}, batch[LEFT], embeddings_BxLxD=xp)
-    v = sm.apply({"params": params}, batch[RIGHT], embeddings_BxLxD=xh)
+  def ce(xp, xh):  # on the un-normalised tower outputs, as the official head
+    u = sm.apply({"params": params}, batch[LEFT], embeddings_BxLxD=xp, method="project")
+    v = sm.apply({"params": params}, batch[RIGHT], embeddings_BxLxD=xh, method="project")
     logits = sm.apply({"params": params}, u, v, method="classify")
     return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(16), batch[LABELS]])
 
   gp, gh = jax.grad(ce, argnums=(0, 1))(xp, xh)
   for side, x, g, tok in (("premise", xp, gp, batch[LEFT]), ("hypothesis", xh, gh, batch[RIGHT])):
     mask = tok > 0
-    want = sm.apply({"params": params}, tok, embeddings_BxLxD=x + augment.fgv_noise(g, mask, eps=0.5))
+    want = sm.apply({"params": params}, tok, embeddings_BxLxD=x + augment.fgv_noise(g, mask, eps=0.5),
+                    method="project")
     np.testing.assert_allclose(np.asarray(embs[f"{side}2"]), np.asarray(want), atol=1e-5)
-    np.testing.assert_allclose(np.asarray(embs[f"{side}1"]), np.asarray(sm.apply({"params": params}, tok)),
-                               atol=1e-6)
+    np.testing.assert_allclose(np.asarray(embs[f"{side}1"]),
+                               np.asarray(sm.apply({"params": params}, tok, method="project")), atol=1e-6)
     assert np.abs(np.asarray(embs[f"{side}2"]) - np.asarray(embs[f"{side}1"])).max() > 1e-3
   (loss, m), grads = jax.jit(_vg(tc, model, sm))(params, batch, jax.random.PRNGKey(5))
   assert np.isfinite(float(loss)) and all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))

@@ -25,6 +25,8 @@ TPU_RUN = str(REPO / "launch" / "tpu_run.sh")
 
 def _spec(name, *bindings):
   extra = ["run.init_from = '/stage1/workdir'"] if name.endswith("stage2.gin") else []
+  if name.endswith("_cache.gin"):  # %gin.REQUIRED: the user's cache
+    extra.append("DataConfig.cache_dir = 'gs://bucket/st5_cache'")
   parse_gin([name], [*extra, *bindings])
   return gin_config.run_spec()
 
@@ -102,6 +104,9 @@ def test_run_files_state_what_they_target(name):
   stage2 = name.endswith("_stage2.gin")
   # Paper: stage 1 QA pairs at batch 2048, stage 2 NLI triples (hard negatives) at 512.
   task, batch, want_lengths, steps = STAGE[2 if stage2 else 1]
+  if name.endswith("_cache.gin"):  # stage 1 from the token cache of a user's corpus
+    task = "st5_user_qa_pairs"
+    assert spec.data.cache_dir == "gs://bucket/st5_cache"
   assert (spec.data.task, spec.train_config.global_batch_size, lengths, spec.train_config.num_train_steps) == (
       task, batch, want_lengths, steps)
   opt = spec.train_config.optimizer
@@ -120,6 +125,7 @@ def test_run_files_state_what_they_target(name):
   assert spec.model.pooling == ("layer_attention" if "_lap" in name else "encdec_first" if "_encdec" in name
                                 else "enc_mean")
   size = name[len("st5_"):].split("_enc")[0].split("_lap")[0]
+  assert name.endswith("_cache.gin") or spec.data.cache_dir is None
   if stage2:
     assert spec.init_from == "/stage1/workdir"  # %gin.REQUIRED, set by _spec as a user must
   else:
@@ -271,8 +277,10 @@ DEFAULT_AOT = "st5_11b_encdec.gin"
 
 
 def test_the_large_run_list_is_complete():
-  # The explicit list is exactly the shipped stage-1 runs whose parsed model is a large size.
-  shipped = sorted(f for f in RUN_FILES if not f.endswith("stage2.gin") and _model_size(f) in LARGE_SIZES)
+  # The explicit list is exactly the shipped stage-1 runs whose parsed model is a large size
+  # (a *_cache.gin file compiles the step of the file it includes; only its data differs).
+  shipped = sorted(f for f in RUN_FILES if not f.endswith(("stage2.gin", "_cache.gin"))
+                   and _model_size(f) in LARGE_SIZES)
   assert sorted(LARGE) == shipped and DEFAULT_AOT in LARGE
   assert sorted(_model_size(f) for f in LARGE) == sorted(LARGE_SIZES * 2)
 

@@ -6,9 +6,12 @@ process reaches through STORAGE_EMULATOR_HOST alone. The model is tiny but scann
 rematerialised and fsdp-sharded, and every path (work dirs, data, vocabulary,
 init_from, eval outputs, export) is on the emulated bucket:
 
-  1. stage 1 (QA pairs) with periodic STS-B dev evaluation reading gs:// data;
+  0. the stage-1 QA pairs (users' TSV on gs://) cached by the Beam pipeline (DirectRunner)
+     into gs:// with `st5 data cache --gin_file rehearsal/stage1.gin --runner DirectRunner`;
+  1. stage 1 from that cache (each process its own shards) with periodic STS-B dev
+     evaluation reading gs:// data;
   2. SIGTERM to the launcher (forwarded to both workers) mid-run, rerun: parameters
-     identical to an uninterrupted run;
+     identical to an uninterrupted run (the cache resumed by shard counts);
   3. stage 2 (NLI triples) with run.init_from = the stage-1 work dir on gs://;
   4. `st5 eval` and `st5 export` of gs://.../stage2, writing to gs://;
   5. the SavedModel loaded from gs:// equals SentenceEncoder.load(gs://.../stage2).
@@ -98,8 +101,21 @@ def test_pod_rehearsal_two_stages_on_gcs(gcs, data_dir, tmp_path):
     gcs.upload(data_dir / rel, "data", *rel.split("/"))
   data = gcs.url("data")
   env = _env(gcs, data)
-  qa = f"--gin.st5_jax.data.user_qa_pairs.file_pattern='{data}/qa_pairs/wikiqa/WikiQA-train.tsv'"
+  qa_files = f"--gin.st5_jax.data.user_qa_pairs.file_pattern='{data}/qa_pairs/wikiqa/WikiQA-train.tsv'"
   nli = f"--gin.st5_jax.data.user_nli_triples.file_pattern='{data}/nli/snli_devtest_triples_derived.csv'"
+
+  # 0. The stage-1 task cached by Beam from the bucket into the bucket, as the run's gin configures it.
+  cache_url = gcs.url("st5_cache")
+  qa = f"--gin.DataConfig.cache_dir='{cache_url}'"
+  out = subprocess.run([sys.executable, "-m", "st5_jax.cli", "data", "cache", "--gin_file", "rehearsal/stage1.gin",
+                        qa_files, qa, "--num_shards", "4", "--runner", "DirectRunner"],
+                       env=dict(env, JAX_PLATFORMS="cpu"), cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  manifest = json.loads(paths.read_text(f"{cache_url}/st5_user_qa_pairs/train/manifest.json"))
+  assert manifest["pipeline"] == "beam" and manifest["num_shards"] == 4
+  assert manifest["feature_lengths"] == {"inputs": 32, "targets": 32}
+  # WikiQA train's answer rows (label 1), as test_tasks counts them, less duplicates and evaluation texts.
+  assert 900 < manifest["num_examples"] <= manifest["stats"]["rows_in"] < 1100
 
   # 1. Stage 1, uninterrupted: the reference.
   ref = gcs.url("ref_stage1")
@@ -112,6 +128,7 @@ def test_pod_rehearsal_two_stages_on_gcs(gcs, data_dir, tmp_path):
   assert sorted(evals) == [0, 20, STAGE1_STEPS]  # before, periodic, after: STS-B dev read from gs://
   assert all(np.isfinite(v) for v in evals.values())
   assert paths.exists(f"{ref}/tensorboard")
+  assert f"DataConfig.cache_dir = '{cache_url}'" in paths.read_text(f"{ref}/operative_config.gin")
 
   # 2. The same run, SIGTERM'd mid-run (the launcher forwards it to both workers), then rerun.
   stage1 = gcs.url("stage1")

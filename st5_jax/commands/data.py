@@ -71,16 +71,21 @@ def register(subparsers) -> None:
 
   p = sub.add_parser("cache", help="Write a task's tokenised, de-duplicated examples as sharded TFRecords.",
                      description="Tokenise a task split (mixtures: each of its tasks) through its usual path, "
-                                 "drop duplicates by normalised text and write OUT/<task>/<split>/: N TFRecord "
-                                 "shards and manifest.json. Train from it with gin DataConfig.cache_dir = 'OUT'.")
-  p.add_argument("--task", required=True, help="task or mixture name")
-  p.add_argument("--out", required=True, help="cache root folder (local or gs://)")
-  p.add_argument("--split", default="train", help="split (default train)")
+                                 "drop duplicates by normalised text and evaluation texts, and write "
+                                 "OUT/<task>/<split>/: N TFRecord shards and manifest.json. Train from it with gin "
+                                 "DataConfig.cache_dir = 'OUT'. With --gin_file, the run's own DataConfig "
+                                 "(task, feature lengths, split, cache_dir as OUT) and task bindings are used.")
+  p.add_argument("--gin_file", action="append", default=[],
+                 help="the run's gin file(s): DataConfig gives --task, --feature_lengths, --split and --out unless "
+                      "given; --gin.KEY=VALUE bindings apply too (repeatable)")
+  p.add_argument("--task", help="task or mixture name (default: the gin file's DataConfig.task)")
+  p.add_argument("--out", help="cache root folder, local or gs:// (default: the gin file's DataConfig.cache_dir)")
+  p.add_argument("--split", default=None, help="split (default: the gin file's DataConfig.split, else train)")
   p.add_argument("--num_shards", type=int, default=16,
-                 help="shards per task split (default 16); at least the number of data readers")
-  p.add_argument("--feature_lengths", default="inputs=64,targets=64",
+                 help="shards per task split (default 16); a multiple of the number of data readers (hosts)")
+  p.add_argument("--feature_lengths", default=None,
                  help="token length per feature, e.g. inputs=64,targets=64 (negative_targets defaults to "
-                      "targets); default inputs=64,targets=64")
+                      "targets); default: the gin file's DataConfig.feature_lengths, else inputs=64,targets=64")
   p.add_argument("--keep_duplicates", action="store_true", help="do not drop examples with the same normalised text")
   p.add_argument("--no_decontaminate", action="store_true",
                  help="keep examples that share a text with an evaluation set (default: drop and count them)")
@@ -91,6 +96,22 @@ def register(subparsers) -> None:
   p.add_argument("--module", action="append", default=[],
                  help="Python module to import first, registering your tasks (repeatable)")
   p.set_defaults(run=run, accepts_extra=True)
+
+
+def split_extra(extra: list[str]) -> tuple[list[str], list[str]]:
+  """(--gin.KEY=VALUE arguments, everything else) of a command's extra arguments."""
+  gin_args, other, i = [], [], 0
+  while i < len(extra):
+    arg = extra[i]
+    if arg.startswith("--gin."):
+      gin_args.append(arg)
+      if "=" not in arg and i + 1 < len(extra):
+        gin_args.append(extra[i + 1])
+        i += 1
+    else:
+      other.append(arg)
+    i += 1
+  return gin_args, other
 
 
 def run(args: argparse.Namespace) -> int:
@@ -216,26 +237,39 @@ def _cache(args) -> int:
   from st5_jax.data.rows import BadRowError  # pylint: disable=g-import-not-at-top
   for module in args.module:
     importlib.import_module(module)
-  lengths = _parse_lengths(args.feature_lengths)
+  gin_args, beam_args = split_extra(args.extra)
+  task, lengths, split, out = args.task, None, args.split, args.out
+  if args.gin_file or gin_args:
+    from st5_jax import gin_config  # pylint: disable=g-import-not-at-top
+    from st5_jax.commands.train import gin_overrides, parse_gin  # pylint: disable=g-import-not-at-top
+    parse_gin(args.gin_file, gin_overrides(gin_args))
+    data = gin_config.run_spec().data
+    task, lengths = task or data.task, dict(data.feature_lengths)
+    split, out = split or data.split, out or data.cache_dir
+  if args.feature_lengths or lengths is None:
+    lengths = _parse_lengths(args.feature_lengths or "inputs=64,targets=64")
+  split = split or "train"
+  if not task or not out:
+    raise UsageError("pass --task and --out (or a --gin_file whose DataConfig names the task and cache_dir).")
   if args.num_shards < 1:
     raise UsageError(f"--num_shards must be at least 1, got {args.num_shards}.")
-  if args.extra and not args.runner:
-    raise UsageError(f"unrecognized arguments: {' '.join(args.extra)} (Beam flags need --runner)")
+  if beam_args and not args.runner:
+    raise UsageError(f"unrecognized arguments: {' '.join(beam_args)} (Beam flags need --runner)")
   try:
-    provider = get_provider(args.task)
+    provider = get_provider(task)
     names = [t.name for t in provider.tasks] if isinstance(provider, seqio.Mixture) else [provider.name]
     for name in names:
-      out = cache.task_dir(args.out, name, args.split)
+      folder = cache.task_dir(out, name, split)
       if args.runner:
         from st5_jax.data import beam_cache  # pylint: disable=g-import-not-at-top
-        m = beam_cache.write_cache_beam(name, args.split, out, args.num_shards, lengths,
+        m = beam_cache.write_cache_beam(name, split, folder, args.num_shards, lengths,
                                         dedup=not args.keep_duplicates, decontaminate=not args.no_decontaminate,
-                                        pipeline_args=[f"--runner={args.runner}", *args.extra])
+                                        pipeline_args=[f"--runner={args.runner}", *beam_args])
       else:
-        m = cache.write_cache(name, args.split, out, args.num_shards, lengths, dedup=not args.keep_duplicates,
+        m = cache.write_cache(name, split, folder, args.num_shards, lengths, dedup=not args.keep_duplicates,
                               decontaminate=not args.no_decontaminate)
       s = m["stats"]
-      print(f"{name} ({args.split}): {m['num_examples']} examples in {m['num_shards']} shards at {out}; rows in "
+      print(f"{name} ({split}): {m['num_examples']} examples in {m['num_shards']} shards at {folder}; rows in "
             f"{s['rows_in']}, dropped as duplicates {s['dropped_duplicates']}, as contaminated "
             f"{s['dropped_contaminated']}, trimmed {s['trimmed']}")
   except (FileNotFoundError, ValueError, BadRowError) as e:  # DataConfigError/CacheError are ValueErrors

@@ -111,11 +111,15 @@ class SentenceT5(nn.Module):
       return decoded_Bx1xD[:, 0].astype(jnp.float32)
     raise ValueError(f"pooling {pooling!r} is not a function of the final encoder outputs")
 
-  def __call__(self, tokens_BxL: Array, *, deterministic: bool = True, **hooks) -> Array:
+  def project(self, tokens_BxL: Array, *, deterministic: bool = True, **hooks) -> Array:
+    """The pooled (and projected) vector before L2 normalisation (ConSERT's NLI head reads it)."""
     x_BxD = self.pool(tokens_BxL, deterministic=deterministic, **hooks)
     if self.config.embedding_dim is not None:
       x_BxD = self.projection_layer(x_BxD)
-    x_BxD = nn.with_logical_constraint(x_BxD, ("batch", "affinity"))
+    return nn.with_logical_constraint(x_BxD, ("batch", "affinity"))
+
+  def __call__(self, tokens_BxL: Array, *, deterministic: bool = True, **hooks) -> Array:
+    x_BxD = self.project(tokens_BxL, deterministic=deterministic, **hooks)
     return l2_normalize(x_BxD) if self.config.normalize else x_BxD
 
 

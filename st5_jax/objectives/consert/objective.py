@@ -111,7 +111,11 @@ class Tower:
     return tokens, hooks
 
   def encode(self, params, tokens_BxL: Array, hooks: Mapping[str, Array], key: Array) -> Array:
-    return self.apply(params, tokens_BxL, deterministic=False, rngs={"dropout": key}, **hooks)
+    """The tower's output before its L2 normalisation: the official ConSERT classifies the raw
+    mean-pooled vector (AdvCLSoftmaxLoss._reps_to_output; no Normalize module), and NT-Xent
+    normalises its inputs itself (losses.nt_xent_loss), so both terms read this one vector.
+    Inference and evaluation still use the normalised output (SentenceT5.__call__)."""
+    return self.apply(params, tokens_BxL, deterministic=False, rngs={"dropout": key}, method="project", **hooks)
 
   def __call__(self, params, tokens_BxL: Array, plan: Mapping[str, Array], key: Array) -> Array:
     tokens, hooks = self.inputs(params, tokens_BxL, plan)
