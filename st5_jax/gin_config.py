@@ -50,6 +50,7 @@ def register() -> None:
   if _REGISTERED:
     return
   gin.external_configurable(optim.OptimizerConfig, "OptimizerConfig")
+  gin.external_configurable(optim.AdamWConfig, "AdamWConfig")
   gin.external_configurable(train.TrainConfig, "TrainConfig")
   gin.external_configurable(train.DataConfig, "DataConfig")
   # Every registered objective, by its class name: TrainConfig.objective = @ConsertJoint().

@@ -1,4 +1,11 @@
-"""Adafactor as t5x fine-tunes T5, and the paper's learning-rate schedule.
+"""Adafactor as t5x fine-tunes T5, and the paper's learning-rate schedule; AdamW with warm-up as the other choice.
+
+`TrainConfig.optimizer = @OptimizerConfig()` (the default: Adafactor below) or
+`@AdamWConfig()`: AdamW as sentence-transformers' `fit` runs it (and so ConSERT's and
+SimCSE's official code): decoupled weight decay 0.01 except on biases and layer-norm
+scales, global-norm clipping at 1, learning rate linear from 0 over the warm-up fraction
+of the steps, then linear to 0 (transformers' get_linear_schedule_with_warmup, whose
+first step has learning rate 0).
 
 Adafactor (Shazeer & Stern 2018) with t5x's fine-tuning settings (t5x/adafactor.py):
 second-moment decay beta2_t = 1 - t^-0.8 (t = 1 at the first step), epsilon1 = 1e-30
@@ -60,6 +67,57 @@ class OptimizerConfig:
   momentum: float | None = None
   # Added to squared gradients (t5x's epsilon1).
   epsilon1: float = 1e-30
+
+
+@dataclasses.dataclass(frozen=True)
+class AdamWConfig:
+  """AdamW with linear warm-up and linear decay (transformers.AdamW + WarmupLinear)."""
+
+  learning_rate: float = 2e-5
+  warmup_fraction: float = 0.1
+  weight_decay: float = 0.01
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-6
+  max_grad_norm: float | None = 1.0
+  # Parameters (by their last path name) without weight decay: biases and layer-norm scales,
+  # sentence-transformers' no_decay = ['bias', 'LayerNorm.bias', 'LayerNorm.weight'].
+  no_decay: tuple[str, ...] = ("bias", "scale")
+
+
+def warmup_linear_schedule(*, learning_rate: float, num_train_steps: int, warmup_fraction: float) -> optax.Schedule:
+  """lr * step / warmup while step < warmup, then lr * (steps - step) / (steps - warmup), floored at 0."""
+  if num_train_steps < 1:
+    raise ValueError(f"num_train_steps must be >= 1, got {num_train_steps}")
+  if not 0.0 <= warmup_fraction < 1.0:
+    raise ValueError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}")
+  warmup = int(warmup_fraction * num_train_steps)  # as sentence-transformers: int(steps * 0.1)
+
+  def schedule(step):
+    step = jnp.asarray(step, jnp.result_type(float))  # float32, or float64 under jax.enable_x64
+    up = step / max(warmup, 1)
+    down = jnp.maximum(0.0, (num_train_steps - step) / max(num_train_steps - warmup, 1))
+    return learning_rate * jnp.where(step < warmup, up, down)
+
+  return schedule
+
+
+def _decay_mask(params: Any, no_decay: Sequence[str]) -> Any:
+  def keep(path, _):
+    last = path[-1]
+    name = getattr(last, "key", getattr(last, "name", str(last)))
+    return str(name) not in no_decay
+  return jax.tree_util.tree_map_with_path(keep, params)
+
+
+def make_adamw(config: AdamWConfig, *, num_train_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  schedule = warmup_linear_schedule(learning_rate=config.learning_rate, num_train_steps=num_train_steps,
+                                    warmup_fraction=config.warmup_fraction)
+  adamw = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay,
+                      mask=lambda params: _decay_mask(params, config.no_decay))
+  if config.max_grad_norm is None:
+    return adamw, schedule
+  return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adamw), schedule
 
 
 def learning_rate_schedule(*, learning_rate: float, num_train_steps: int,
@@ -219,9 +277,14 @@ def _update_one(plan: ParamPlan, g, p, v_row, v_col, v, m, *, decay, lr, config:
   return (-u).astype(p.dtype), v_row, v_col, v, m
 
 
-def make_optimizer(config: OptimizerConfig, *, num_train_steps: int, param_axes: Any | None = None
+def make_optimizer(config: OptimizerConfig | AdamWConfig, *, num_train_steps: int, param_axes: Any | None = None
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """Adafactor with the paper's schedule. `param_axes`: `logical_axes(boxed_params)`."""
+  """Adafactor with the paper's schedule, or AdamW. `param_axes`: `logical_axes(boxed_params)`."""
+  if isinstance(config, AdamWConfig):
+    return make_adamw(config, num_train_steps=num_train_steps)
+  if not isinstance(config, OptimizerConfig):
+    raise TypeError(f"TrainConfig.optimizer must be @OptimizerConfig() (Adafactor) or @AdamWConfig(), got "
+                    f"{type(config).__name__}.")
   schedule = learning_rate_schedule(learning_rate=config.learning_rate, num_train_steps=num_train_steps,
                                     constant_fraction=config.constant_fraction)
   return scale_by_adafactor(config, schedule, param_axes=param_axes), schedule
@@ -237,13 +300,19 @@ def _pad(spec: P, ndim: int) -> tuple:
   return entries + (None,) * (ndim - len(entries))
 
 
-def state_partition_specs(config: OptimizerConfig, *, abstract_params: Any, param_specs: Any,
-                          param_axes: Any | None = None) -> AdafactorState:
+def state_partition_specs(config: OptimizerConfig | AdamWConfig, *, abstract_params: Any, param_specs: Any,
+                          param_axes: Any | None = None) -> Any:
   """PartitionSpecs of the optimizer state, from each parameter's spec.
 
-  v and m: the parameter's spec; v_row: its spec without the column dim's entry;
-  v_col: without the row dim's; placeholders and the count: replicated.
+  Adafactor: v and m: the parameter's spec; v_row: its spec without the column dim's entry;
+  v_col: without the row dim's; placeholders and the count: replicated. AdamW: its moments
+  take their parameter's spec (optax.tree_map_params), counts are replicated.
   """
+  if isinstance(config, AdamWConfig):
+    tx, _ = make_adamw(config, num_train_steps=1)
+    state = jax.eval_shape(tx.init, abstract_params)
+    return optax.tree_map_params(tx, lambda _, spec: spec, state, param_specs,
+                                 transform_non_params=lambda _: P(), is_leaf=lambda x: isinstance(x, P))
   plans, treedef = _plans(abstract_params, param_axes, config.min_dim_size_to_factor)
   specs = [_pad(s, len(pl.shape)) for s, pl in zip(treedef.flatten_up_to(param_specs), plans)]
   rep = P()

@@ -49,7 +49,7 @@ from st5_jax.model.st5 import SentenceT5
 from st5_jax.model.st5 import abstract_params as tower_abstract_params
 from st5_jax.objectives.base import Objective, ValueAndGrad, rebox
 from st5_jax.objectives.contrastive import Contrastive, embed_towers, make_embed_fn  # noqa: F401  (re-exported)
-from st5_jax.optim import OptimizerConfig, logical_axes, make_optimizer
+from st5_jax.optim import AdamWConfig, OptimizerConfig, logical_axes, make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class TrainConfig:
   # The loss and the trainable module: gin `TrainConfig.objective = @ConsertJoint()` (default: the
   # paper's in-batch softmax, @Contrastive()).
   objective: Objective = Contrastive()
-  optimizer: OptimizerConfig = OptimizerConfig()
+  optimizer: OptimizerConfig | AdamWConfig = OptimizerConfig()
   seed: int = 0
   checkpoint_every: int = 1000
   keep_checkpoints: int = 3
@@ -101,6 +101,8 @@ class TrainConfig:
     """As written to the work dir's train_config.json: the objective by name, with its settings."""
     d = dataclasses.asdict(self)
     d["objective"] = {"name": self.objective.name, **dataclasses.asdict(self.objective)}
+    d["optimizer"] = {"name": "adamw" if isinstance(self.optimizer, AdamWConfig) else "adafactor",
+                      **dataclasses.asdict(self.optimizer)}
     return d
 
 
