@@ -2,17 +2,20 @@
 describes (dry: traced, never run), the AOT batch of each objective, and a tiny end-to-end
 `st5 train` from the gin files through the real consert_* seqio tasks."""
 
+import itertools
 import json
+import math
 import os
 import pathlib
 import subprocess
 import sys
+from typing import NamedTuple
 
 import jax
 import numpy as np
 import pytest
 
-from st5_jax import aot, configs, flops, gin_config, partitioning, train
+from st5_jax import aot, configs, flops, gin_config, optim, partitioning, train
 from st5_jax.objectives import ConsertJoint, ConsertUnsup
 from st5_jax.commands.train import parse_gin
 from st5_jax.features import LABELS, LEFT, RIGHT
@@ -20,12 +23,168 @@ from st5_jax.features import LABELS, LEFT, RIGHT
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONSERT_GIN = sorted(p.name for p in (REPO / "gin").glob("consert_*.gin"))
 RECIPES = ("unsup", "joint", "sup_unsup", "joint_unsup")
-# (view1, rate1, view2, rate2, model dropout) of the official scripts (yym6472/ConSERT scripts/):
-# unsup-consert-base.sh, sup-consert-joint-base.sh, sup-consert-sup-unsup-*.sh, sup-consert-joint-unsup-*.sh.
-VIEWS = {"unsup": ("feature_cutoff", 0.2, "shuffle", 0.0, 0.0),
-         "joint": ("none", 0.0, "token_cutoff", 0.1, 0.1),
-         "sup_unsup": ("none", 0.0, "feature_cutoff", 0.1, 0.1),
-         "joint_unsup": ("none", 0.0, "shuffle", 0.0, 0.1)}
+
+# ------------------------------------------------------------- the official runs, as tabled
+
+# Rows of OUR training data for the scripts' --train_data (the epoch sizes the gin headers use):
+# consert_sts_sentences 'train', the official `stssick` texts (main.py:219-222, --no_pair);
+STS_SENTENCES = 89_192
+# consert_snli_mnli_pairs, SNLI + MultiNLI train gold-labelled pairs, the official `nli` default
+# (main.py:48, 204-218: AllNLI train split); ceil(942,069 / 96) = 9814, the official run's count
+# too (sentence_transformers/losses/AdvCLSoftmaxLoss.py:13 "global_step=9814").
+ALLNLI_PAIRS = 549_367 + 392_702
+BERT_DROPOUT = 0.1  # BERT's hidden/attention dropout, kept unless --no_dropout (main.py:181, 187)
+
+
+class Official(NamedTuple):
+  script: str
+  views: tuple  # (view1, rate1, view2, rate2) of the two NT-Xent views
+  dropout: float
+  batch: int
+  max_len: int
+  epochs: int
+  rows: int  # training rows (our data) of the script's --train_data
+  lr: float
+  temperature: float
+  cl_rate: float  # the loss weight (ConsertUnsup/ConsertJoint.weight)
+  eval_steps: int  # STS-B dev every N steps (TrainConfig.eval_every)
+  patience: int | None  # early stopping after N evaluations without improvement; None: none
+
+
+# yym6472/ConSERT at 03c9e8f. Every script is one command line, so each value is on line 1.
+# How the flags become views: --data_augmentation_strategy shuffle / cutoff makes view 1 the plain
+# forward pass ('none') and view 2 the augmented one (AdvCLSoftmaxLoss.py:772-777); cutoff
+# --cutoff_direction row is token cutoff, column is feature cutoff (AdvCLSoftmaxLoss.py:436-446);
+# --da_final_1/2 name the two views directly (AdvCLSoftmaxLoss.py:714-715). Shuffle has no rate.
+OFFICIAL = {
+    ("unsup", "base"): Official(
+        script="scripts/unsup-consert-base.sh",
+        views=("feature_cutoff", 0.2, "shuffle", 0.0),  # scripts/unsup-consert-base.sh:1 --da_final_1 feature_cutoff --cutoff_rate_final_1 0.2 --da_final_2 shuffle
+        dropout=0.0,  # scripts/unsup-consert-base.sh:1 --no_dropout (main.py:184-185)
+        batch=96,  # scripts/unsup-consert-base.sh:1 --batch_size 96
+        max_len=64,  # scripts/unsup-consert-base.sh:1 --max_seq_length 64
+        epochs=10,  # scripts/unsup-consert-base.sh:1 --num_epochs 10
+        rows=STS_SENTENCES,  # scripts/unsup-consert-base.sh:1 --train_data stssick --no_pair
+        lr=5e-7,  # scripts/unsup-consert-base.sh:1 --learning_rate 0.0000005
+        temperature=0.1,  # scripts/unsup-consert-base.sh:1 --temperature 0.1
+        cl_rate=0.15,  # scripts/unsup-consert-base.sh:1 --cl_rate 0.15
+        eval_steps=200,  # scripts/unsup-consert-base.sh:1 --evaluation_steps 200
+        patience=10),  # scripts/unsup-consert-base.sh:1 --patience 10
+    ("unsup", "large"): Official(
+        script="scripts/unsup-consert-large.sh",
+        views=("none", 0.0, "shuffle", 0.0),  # scripts/unsup-consert-large.sh:1 --data_augmentation_strategy shuffle
+        dropout=BERT_DROPOUT,  # scripts/unsup-consert-large.sh:1 no --no_dropout (main.py:187)
+        batch=96,  # scripts/unsup-consert-large.sh:1 --batch_size 96
+        max_len=64,  # scripts/unsup-consert-large.sh:1 --max_seq_length 64
+        epochs=25,  # scripts/unsup-consert-large.sh:1 --num_epochs 25
+        rows=STS_SENTENCES,  # scripts/unsup-consert-large.sh:1 --train_data stssick --no_pair
+        lr=5e-7,  # scripts/unsup-consert-large.sh:1 --learning_rate 0.0000005
+        temperature=0.1,  # scripts/unsup-consert-large.sh:1 --temperature 0.1
+        cl_rate=0.15,  # scripts/unsup-consert-large.sh:1 --cl_rate 0.15
+        eval_steps=100,  # scripts/unsup-consert-large.sh:1 --evaluation_steps 100
+        patience=10),  # scripts/unsup-consert-large.sh:1 --patience 10
+    ("joint", "base"): Official(
+        script="scripts/sup-consert-joint-base.sh",
+        views=("none", 0.0, "token_cutoff", 0.1),  # scripts/sup-consert-joint-base.sh:1 --data_augmentation_strategy cutoff --cutoff_direction row --cutoff_rate 0.1
+        dropout=BERT_DROPOUT,  # scripts/sup-consert-joint-base.sh:1 no --no_dropout (main.py:187)
+        batch=96,  # scripts/sup-consert-joint-base.sh:1 --batch_size 96
+        max_len=64,  # scripts/sup-consert-joint-base.sh:1 --max_seq_length 64
+        epochs=1,  # main.py:64 default (the script gives no --num_epochs)
+        rows=ALLNLI_PAIRS,  # main.py:48 default --train_data nli (the script gives none)
+        lr=2e-5,  # main.py:65 default (the script gives no --learning_rate)
+        temperature=0.1,  # scripts/sup-consert-joint-base.sh:1 --temperature 0.1
+        cl_rate=0.15,  # scripts/sup-consert-joint-base.sh:1 --cl_rate 0.15
+        eval_steps=200,  # scripts/sup-consert-joint-base.sh:1 --evaluation_steps 200
+        patience=None),  # main.py:105 default (the script gives no --patience)
+    ("joint", "large"): Official(
+        script="scripts/sup-consert-joint-large.sh",
+        views=("none", 0.0, "token_cutoff", 0.1),  # scripts/sup-consert-joint-large.sh:1 --data_augmentation_strategy cutoff --cutoff_direction row --cutoff_rate 0.1
+        dropout=BERT_DROPOUT,  # scripts/sup-consert-joint-large.sh:1 no --no_dropout (main.py:187)
+        batch=96,  # scripts/sup-consert-joint-large.sh:1 --batch_size 96
+        max_len=40,  # scripts/sup-consert-joint-large.sh:1 --max_seq_length 40
+        epochs=1,  # main.py:64 default (the script gives no --num_epochs)
+        rows=ALLNLI_PAIRS,  # main.py:48 default --train_data nli (the script gives none)
+        lr=2e-5,  # main.py:65 default (the script gives no --learning_rate)
+        temperature=0.1,  # scripts/sup-consert-joint-large.sh:1 --temperature 0.1
+        cl_rate=0.15,  # scripts/sup-consert-joint-large.sh:1 --cl_rate 0.15
+        eval_steps=200,  # scripts/sup-consert-joint-large.sh:1 --evaluation_steps 200
+        patience=None),  # main.py:105 default (the script gives no --patience)
+    ("sup_unsup", "base"): Official(
+        script="scripts/sup-consert-sup-unsup-base.sh",
+        views=("none", 0.0, "feature_cutoff", 0.1),  # scripts/sup-consert-sup-unsup-base.sh:1 --data_augmentation_strategy cutoff --cutoff_direction column --cutoff_rate 0.1
+        dropout=BERT_DROPOUT,  # scripts/sup-consert-sup-unsup-base.sh:1 no --no_dropout (main.py:181)
+        batch=96,  # scripts/sup-consert-sup-unsup-base.sh:1 --batch_size 96
+        max_len=64,  # scripts/sup-consert-sup-unsup-base.sh:1 --max_seq_length 64
+        epochs=25,  # scripts/sup-consert-sup-unsup-base.sh:1 --num_epochs 25
+        rows=STS_SENTENCES,  # scripts/sup-consert-sup-unsup-base.sh:1 --train_data stssick --no_pair
+        lr=5e-7,  # scripts/sup-consert-sup-unsup-base.sh:1 --learning_rate 0.0000005
+        temperature=0.1,  # scripts/sup-consert-sup-unsup-base.sh:1 --temperature 0.1
+        cl_rate=0.15,  # scripts/sup-consert-sup-unsup-base.sh:1 --cl_rate 0.15
+        eval_steps=200,  # scripts/sup-consert-sup-unsup-base.sh:1 --evaluation_steps 200
+        patience=10),  # scripts/sup-consert-sup-unsup-base.sh:1 --patience 10
+    ("sup_unsup", "large"): Official(
+        script="scripts/sup-consert-sup-unsup-large.sh",
+        views=("none", 0.0, "feature_cutoff", 0.1),  # scripts/sup-consert-sup-unsup-large.sh:1 --data_augmentation_strategy cutoff --cutoff_direction column --cutoff_rate 0.1
+        dropout=BERT_DROPOUT,  # scripts/sup-consert-sup-unsup-large.sh:1 no --no_dropout (main.py:181)
+        batch=96,  # scripts/sup-consert-sup-unsup-large.sh:1 --batch_size 96
+        max_len=64,  # scripts/sup-consert-sup-unsup-large.sh:1 --max_seq_length 64
+        epochs=10,  # scripts/sup-consert-sup-unsup-large.sh:1 --num_epochs 10
+        rows=STS_SENTENCES,  # scripts/sup-consert-sup-unsup-large.sh:1 --train_data stssick --no_pair
+        lr=5e-7,  # scripts/sup-consert-sup-unsup-large.sh:1 --learning_rate 0.0000005
+        temperature=0.1,  # scripts/sup-consert-sup-unsup-large.sh:1 --temperature 0.1
+        cl_rate=0.15,  # scripts/sup-consert-sup-unsup-large.sh:1 --cl_rate 0.15
+        eval_steps=200,  # scripts/sup-consert-sup-unsup-large.sh:1 --evaluation_steps 200
+        patience=10),  # scripts/sup-consert-sup-unsup-large.sh:1 --patience 10
+    ("joint_unsup", "base"): Official(
+        script="scripts/sup-consert-joint-unsup-base.sh",
+        views=("none", 0.0, "shuffle", 0.0),  # scripts/sup-consert-joint-unsup-base.sh:1 --data_augmentation_strategy shuffle
+        dropout=BERT_DROPOUT,  # scripts/sup-consert-joint-unsup-base.sh:1 no --no_dropout (main.py:181)
+        batch=96,  # scripts/sup-consert-joint-unsup-base.sh:1 --batch_size 96
+        max_len=64,  # scripts/sup-consert-joint-unsup-base.sh:1 --max_seq_length 64
+        epochs=25,  # scripts/sup-consert-joint-unsup-base.sh:1 --num_epochs 25
+        rows=STS_SENTENCES,  # scripts/sup-consert-joint-unsup-base.sh:1 --train_data stssick --no_pair
+        lr=5e-7,  # scripts/sup-consert-joint-unsup-base.sh:1 --learning_rate 0.0000005
+        temperature=0.1,  # scripts/sup-consert-joint-unsup-base.sh:1 --temperature 0.1
+        cl_rate=0.15,  # scripts/sup-consert-joint-unsup-base.sh:1 --cl_rate 0.15
+        eval_steps=200,  # scripts/sup-consert-joint-unsup-base.sh:1 --evaluation_steps 200
+        patience=10),  # scripts/sup-consert-joint-unsup-base.sh:1 --patience 10
+    ("joint_unsup", "large"): Official(
+        script="scripts/sup-consert-joint-unsup-large.sh",
+        views=("none", 0.0, "shuffle", 0.0),  # scripts/sup-consert-joint-unsup-large.sh:1 --data_augmentation_strategy shuffle
+        dropout=BERT_DROPOUT,  # scripts/sup-consert-joint-unsup-large.sh:1 no --no_dropout (main.py:181)
+        batch=96,  # scripts/sup-consert-joint-unsup-large.sh:1 --batch_size 96
+        max_len=40,  # scripts/sup-consert-joint-unsup-large.sh:1 --max_seq_length 40
+        epochs=10,  # scripts/sup-consert-joint-unsup-large.sh:1 --num_epochs 10
+        rows=STS_SENTENCES,  # scripts/sup-consert-joint-unsup-large.sh:1 --train_data stssick --no_pair
+        lr=5e-7,  # scripts/sup-consert-joint-unsup-large.sh:1 --learning_rate 0.0000005
+        temperature=0.1,  # scripts/sup-consert-joint-unsup-large.sh:1 --temperature 0.1
+        cl_rate=0.15,  # scripts/sup-consert-joint-unsup-large.sh:1 --cl_rate 0.15
+        eval_steps=200,  # scripts/sup-consert-joint-unsup-large.sh:1 --evaluation_steps 200
+        patience=10),  # scripts/sup-consert-joint-unsup-large.sh:1 --patience 10
+}
+# What every run shares: sentence-transformers' fit with AdamW and WarmupLinear (main.py:288-297).
+FIT = dict(
+    warmup_fraction=0.1,  # main.py:284 warmup_steps = ceil(rows * epochs / batch * 0.1)
+    eps=1e-6,  # main.py:291 optimizer_params eps
+    weight_decay=0.01,  # sentence_transformers/SentenceTransformer.py:461 fit default
+    max_grad_norm=1.0,  # sentence_transformers/SentenceTransformer.py:465 fit default
+    b1=0.9, b2=0.999,  # transformers.AdamW's default betas (main.py:291 passes none)
+)
+
+
+def _steps(off: Official) -> int:
+  # steps_per_epoch = len(dataloader) = ceil(rows / batch); x epochs (SentenceTransformer.py:523-525)
+  return off.epochs * math.ceil(off.rows / off.batch)
+
+
+def _size(name):
+  return "large" if name.endswith("_large.gin") else "base" if name.endswith("_base.gin") else "tiny_cpu"
+
+
+def _header(name):
+  """The text of the file's own leading comment block (not its includes'), lines joined by spaces."""
+  lines = (REPO / "gin" / name).read_text().splitlines()
+  return " ".join(line[1:].strip() for line in itertools.takewhile(lambda line: line.startswith("#"), lines))
 
 
 def _recipe(name):
@@ -47,7 +206,10 @@ def test_the_four_recipes_exist_for_cpu_base_and_large():
 
 @pytest.mark.parametrize("name", CONSERT_GIN)
 def test_consert_gin_files_describe_the_official_recipes(name):
-  recipe = _recipe(name)
+  # Base and Large: every value of OFFICIAL (the official script of that recipe and size). Tiny CPU:
+  # the Base script's objective and views on the demo's model, optimizer and steps.
+  recipe, size = _recipe(name), _size(name)
+  off = OFFICIAL[recipe, "base" if size == "tiny_cpu" else size]
   spec = _spec(name)
   tc, model = spec.train_config, spec.model
   joint = recipe == "joint"
@@ -55,37 +217,59 @@ def test_consert_gin_files_describe_the_official_recipes(name):
   assert type(obj) is (ConsertJoint if joint else ConsertUnsup)
   if joint:
     assert obj.nli_classes == 3
-  assert (obj.temperature, obj.weight) == (0.1, 0.15)
-  view1, rate1, view2, rate2, dropout = VIEWS[recipe]
-  assert (obj.view1, obj.view1_rate, obj.view2, obj.view2_rate) == (view1, rate1, view2, rate2)
+  assert (obj.temperature, obj.weight) == (off.temperature, off.cl_rate)
+  assert (obj.view1, obj.view1_rate, obj.view2, obj.view2_rate) == off.views
+  header = _header(name)
+  assert pathlib.Path(off.script).name in header  # the file names the script it follows
   # Unlabelled single sentences for NT-Xent only; premise, hypothesis (and label) for joint.
   lengths = dict(spec.data.feature_lengths)
   assert set(lengths) == ({"inputs", "targets"} if joint else {"inputs"})
   assert spec.data.task == ("consert_sts_sentences" if not joint else
-                            "consert_snli_devtest_pairs" if "tiny" in name else "consert_snli_mnli_pairs")
+                            "consert_snli_devtest_pairs" if size == "tiny_cpu" else "consert_snli_mnli_pairs")
   assert model.pooling == "enc_mean"
-  if name.endswith("tiny_cpu.gin"):
+  if size == "tiny_cpu":
     assert model.t5.dtype == "float32" and model.t5.dropout_rate == 0.0  # CPU speed
     # The demo's model, so sup-unsup can start from workdirs/st5_tiny_cpu.
     demo = _spec("st5_tiny_cpu.gin").model
     assert model == demo
     assert spec.init_from == {"sup_unsup": "workdirs/st5_tiny_cpu",
                               "joint_unsup": "workdirs/consert_joint_tiny_cpu"}.get(recipe)
+    # From random initialisation on CPU: the stack's Adafactor, and the header says why.
+    assert type(tc.optimizer) is optim.OptimizerConfig
+    assert "NOT ConSERT's AdamW" in header
     return
-  size = "t5_large" if name.endswith("_large.gin") else "t5_base"
-  assert model.t5 == configs.t5_size(size, dtype="bfloat16", dropout_rate=dropout, scan_layers=True,
+  t5_size = f"t5_{size}"
+  assert model.t5 == configs.t5_size(t5_size, dtype="bfloat16", dropout_rate=off.dropout, scan_layers=True,
                                      remat_policy="full")
-  assert tc.global_batch_size == 96
-  assert lengths["inputs"] == (40 if name == "consert_joint_unsup_large.gin" else 64)
+  assert tc.global_batch_size == off.batch
+  assert set(lengths.values()) == {off.max_len} and model.max_length == off.max_len
+  assert tc.num_train_steps == _steps(off)
+  assert tc.eval_every == off.eval_steps
+  # ConSERT's optimiser: AdamW, the script's rate, 10% linear warm-up then linear decay.
+  assert type(tc.optimizer) is optim.AdamWConfig
+  assert tc.optimizer.learning_rate == off.lr
+  assert {k: getattr(tc.optimizer, k) for k in FIT} == FIT
+  # Early stopping on STS-B dev is not bound in these files yet: the header says where the hook goes.
+  if off.patience is None:
+    assert "no --patience" in header
+  else:
+    assert f"patience {off.patience}" in header and "early-stopping hook" in header
   # ConSERT has no projection head; sup-unsup keeps the ST5 NLI model's 768-d projection.
   assert model.embedding_dim == (768 if recipe == "sup_unsup" else None)
   if recipe in ("unsup", "joint"):
-    assert spec.init_from.startswith(f"gs://t5-data/pretrained_models/t5x/{size}/")
+    assert spec.init_from.startswith(f"gs://t5-data/pretrained_models/t5x/{t5_size}/")
   else:
     assert spec.init_from == "gs://bucket/first_step"
   assert aot.topology_for_slice(spec.target["slice"]) == spec.target["topology"]
-  # ConSERT's epochs in steps of 96: 10 x 930 on the STS sentences (25 for sup-unsup), 1 of AllNLI.
-  assert tc.num_train_steps == {"unsup": 9300, "joint": 9814, "sup_unsup": 23250, "joint_unsup": 9300}[recipe]
+
+
+def test_the_official_table_in_steps():
+  # Steps of 96 for our data: 930 per epoch of the STS sentences, 9814 per epoch of AllNLI.
+  assert {key: _steps(off) for key, off in OFFICIAL.items()} == {
+      ("unsup", "base"): 9300, ("unsup", "large"): 23250, ("joint", "base"): 9814, ("joint", "large"): 9814,
+      ("sup_unsup", "base"): 23250, ("sup_unsup", "large"): 9300,
+      ("joint_unsup", "base"): 23250, ("joint_unsup", "large"): 9300}
+  assert set(OFFICIAL) == {(r, s) for r in RECIPES for s in ("base", "large")}
 
 
 @pytest.mark.parametrize("name", CONSERT_GIN)
