@@ -60,9 +60,14 @@ class SentenceEncoder(encode_options.EncodeAliases):
 
   @classmethod
   def load(cls, path: paths.PathLike, *, pooling: str | None = None, vocab: str | None = None,
-           max_length: int | None = None, dtype: str | None = None, batch_size: int = 64) -> "SentenceEncoder":
-    """Loads any supported format, local or gs://; see module docstring."""
-    path = os.fspath(paths.path(path))
+           max_length: int | None = None, dtype: str | None = None, batch_size: int = 64,
+           checkpoint: str = "auto") -> "SentenceEncoder":
+    """Loads any supported format, local or gs://; see module docstring.
+
+    `checkpoint` (work dirs): "latest", "best" (WORKDIR/best, kept by early stopping) or
+    "auto" (best when there is one, else latest)."""
+    from st5_jax.checkpoints import native  # pylint: disable=g-import-not-at-top
+    path = native.choose_checkpoint(path, checkpoint)
     fmt = loader.detect_format(path)
     if fmt == "savedmodel":
       fixed = {k: v for k, v in dict(pooling=pooling, max_length=max_length, vocab=vocab).items() if v is not None}

@@ -19,6 +19,7 @@ import jax
 from gin import config_parser
 
 from st5_jax import configs, inference, objectives, optim, partitioning, paths, train
+from st5_jax import hooks as hooks_lib
 from st5_jax.data import config as data_config
 # Imported for their gin configurables (st5_jax.data.options, user_qa_pairs, ...), which must
 # exist before a file is parsed; the objectives' task modules (seed_user_text, ...) are
@@ -53,6 +54,7 @@ def register() -> None:
   gin.external_configurable(optim.AdamWConfig, "AdamWConfig")
   gin.external_configurable(train.TrainConfig, "TrainConfig")
   gin.external_configurable(train.DataConfig, "DataConfig")
+  gin.external_configurable(hooks_lib.EarlyStopping, "EarlyStopping")
   # Every registered objective, by its class name: TrainConfig.objective = @ConsertJoint().
   for cls in objectives.REGISTRY.values():
     gin.external_configurable(cls, cls.__name__)

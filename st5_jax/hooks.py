@@ -147,9 +147,11 @@ class LogMetrics:
 class PeriodicEval:
   """STS-B dev Spearman of the current parameters (one evaluator, compiled once, reused every call)."""
 
-  def __init__(self, evaluate: Callable[[Any], float | None], writer, *, skip_step: int):
+  def __init__(self, evaluate: Callable[[Any], float | None], writer, *, skip_step: int,
+               on_score: Callable[[int, float, Any], None] | None = None):
     self.evaluate, self.writer = evaluate, writer
     self.skip_step = skip_step  # the final step: evaluated once after training instead
+    self.on_score = on_score  # early stopping's BestKeeper.update
 
   def __call__(self, info: StepInfo) -> None:
     if info.step == self.skip_step:
@@ -158,6 +160,74 @@ class PeriodicEval:
     if score is not None:
       self.writer.write(info.step, {"stsb_dev_spearman": score}, prefix="eval")
       log.info("step %d: STS-B dev Spearman %.2f", info.step, score)
+      if self.on_score is not None:
+        self.on_score(info.step, score, info.state)
+
+
+@dataclasses.dataclass(frozen=True)
+class EarlyStopping:
+  """Keep the best evaluated parameters in WORKDIR/best; stop after `patience` evaluations without improvement.
+
+  The metric is the in-training evaluation's STS-B dev Spearman x 100 (higher is better),
+  taken every `TrainConfig.eval_every` steps and after the last step (not before training).
+  An evaluation improves when it beats the best so far by more than `min_delta`.
+  `patience=None` never stops early (the best is still kept). As sentence-transformers'
+  `fit(evaluator=..., save_best_model=True)` and ConSERT's official runs, plus the stop.
+  """
+
+  patience: int | None = 5
+  min_delta: float = 0.0
+  metric: str = "stsb_dev_spearman"
+
+  def __post_init__(self):
+    if self.patience is not None and self.patience < 1:
+      raise ValueError(f"EarlyStopping.patience must be >= 1 or None, got {self.patience}")
+    if self.min_delta < 0:
+      raise ValueError(f"EarlyStopping.min_delta must be >= 0, got {self.min_delta}")
+    if self.metric != "stsb_dev_spearman":
+      raise ValueError(f"EarlyStopping.metric: only 'stsb_dev_spearman' is evaluated during training, got "
+                       f"{self.metric!r}")
+
+
+class BestKeeper:
+  """Best score, its step and the evaluations since; saves the best parameters; says when to stop.
+
+  Its `state_dict()` rides in every checkpoint's metadata, so a resumed run continues with
+  the same best-so-far and patience count. Every process sees the same scores (the
+  evaluation is one sharded computation), so every process decides the same.
+  """
+
+  def __init__(self, config: EarlyStopping, save_best: Callable[[Any, int, float], None],
+               restored: Mapping[str, Any] | None = None):
+    self.config, self.save_best = config, save_best
+    r = dict(restored or {})
+    self.best: float | None = r.get("best")
+    self.best_step: int | None = r.get("best_step")
+    self.bad: int = int(r.get("bad_evaluations", 0))
+    self.stopped_at: int | None = r.get("stopped_at")
+
+  def update(self, step: int, score: float, state: Any) -> None:
+    if not math.isfinite(score):  # a NaN score never becomes the best
+      self.bad += 1
+      log.warning("step %d: %s is %s; counted as no improvement", step, self.config.metric, score)
+    elif self.best is None or score > self.best + self.config.min_delta:
+      self.best, self.best_step, self.bad = float(score), step, 0
+      self.save_best(state, step, float(score))
+      log.info("step %d: best %s so far (%.2f); kept in best/", step, self.config.metric, score)
+    else:
+      self.bad += 1
+      log.info("step %d: no improvement on %.2f (step %d) for %d evaluation(s)%s", step, self.best,
+               self.best_step, self.bad, f" of {self.config.patience}" if self.config.patience else "")
+    if self.config.patience is not None and self.bad >= self.config.patience and self.stopped_at is None:
+      self.stopped_at = step
+
+  @property
+  def should_stop(self) -> bool:
+    return self.stopped_at is not None
+
+  def state_dict(self) -> dict[str, Any]:
+    return {"best": self.best, "best_step": self.best_step, "bad_evaluations": self.bad,
+            "stopped_at": self.stopped_at, "metric": self.config.metric}
 
 
 class Checkpoint:

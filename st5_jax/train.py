@@ -85,8 +85,14 @@ class TrainConfig:
   # GradCache: split the batch into this many sub-batches for the backward pass (0/1: off);
   # for objectives whose loss is over per-example embeddings (st5_jax/objectives/grad_cache.py).
   grad_cache_chunks: int = 0
+  # Keep the best STS-B dev checkpoint in WORKDIR/best and stop after `patience` evaluations
+  # without improvement: gin `TrainConfig.early_stopping = @EarlyStopping()` (needs eval_every > 0).
+  early_stopping: hooks_lib.EarlyStopping | None = None
 
   def __post_init__(self):
+    if self.early_stopping is not None and self.eval_every <= 0:
+      raise ValueError(f"TrainConfig.early_stopping evaluates every TrainConfig.eval_every steps; set eval_every > 0 "
+                       f"(it is {self.eval_every}).")
     if isinstance(self.objective, str):
       hint = objectives.LEGACY_NAMES.get(self.objective)
       raise objectives.ObjectiveConfigError(
@@ -317,6 +323,7 @@ class _Run:
   iterator: BatchIterator
   sts_dev_eval: Callable[[Any], float | None]
   progress: bool
+  keeper: hooks_lib.BestKeeper | None = None  # early stopping
 
 
 def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, init_from, init_projection,
@@ -341,9 +348,16 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
                   "global_batch_size": tc.global_batch_size, "mesh": dict(mesh.shape), **(run_info or {})})
 
   sts_dev_eval = make_sts_dev_eval(setup, model_config, data_dir=eval_data_dir, vocab_file=vocab_file, rules=rules)
+  if tc.early_stopping is not None and eval_data_dir is None:
+    raise ValueError("TrainConfig.early_stopping needs the STS-B dev evaluation: set $ST5_DATA_DIR (or gin "
+                     "st5_jax.data.options.data_dir).")
   with jax.set_mesh(mesh):
     restored = restore_latest_good(mngr, setup)
     iterator = make_iterator(mesh, tc.global_batch_size, tc.seed)
+    keeper = None
+    if tc.early_stopping is not None:
+      keeper = hooks_lib.BestKeeper(tc.early_stopping, _best_saver(workdir, model_config, vocab_file),
+                                    restored[1].get("early_stopping") if restored else None)
     if restored is not None:
       state, meta = restored
       iterator.set_state(meta["data_state"])
@@ -362,25 +376,55 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
 
     start_step = int(jax.device_get(state.step))
     end = tc.num_train_steps if stop_after_steps is None else min(tc.num_train_steps, start_step + stop_after_steps)
+    if keeper is not None and keeper.should_stop:  # a rerun of a run that stopped early: nothing left to do
+      log.info("Stopped early at step %d (best %.2f at step %d): nothing to resume.", keeper.stopped_at,
+               keeper.best, keeper.best_step)
+      end = start_step
     run = _Run(setup=setup, config=tc, mngr=mngr, writer=writer, iterator=iterator, sts_dev_eval=sts_dev_eval,
-               progress=progress)
+               progress=progress, keeper=keeper)
     t_start = time.perf_counter()
     state, step, interrupted, last_metrics = _loop(run, state, start_step=start_step, end=end)
     mngr.wait_until_finished()
     summary.update({"last_step": step, "train_seconds_this_run": round(time.perf_counter() - t_start, 1),
                     "final_metrics": last_metrics, "interrupted_by": interrupted})
-    if step == tc.num_train_steps and interrupted is None:
+    if step == tc.num_train_steps and interrupted is None and not (keeper and keeper.should_stop):
       after = sts_dev_eval(state.params)
       summary["stsb_dev_spearman_after"] = after
       if after is not None:
         writer.write(step, {"stsb_dev_spearman": after}, prefix="eval")
         log.info("STS-B dev Spearman after training: %.2f", after)
+        if keeper is not None:
+          keeper.update(step, after, state)
+    if keeper is not None:
+      summary["early_stopping"] = keeper.state_dict()
   mngr.wait_until_finished()
   mngr.close()
   writer.close()
   if _is_lead():
     paths.write_text(summary_path, json.dumps(summary, indent=2))
   return TrainResult(step=step, interrupted_by=interrupted, summary=summary)
+
+
+def _best_saver(workdir, model_config: ST5Config, vocab_file: str) -> Callable[[Any, int, float], None]:
+  """Saves parameters to WORKDIR/best, a model folder of its own (every process calls it: orbax saves together)."""
+  best = paths.join(workdir, native.BEST_DIR)
+  mngr = None
+
+  def save(state: TrainState, step: int, score: float) -> None:
+    nonlocal mngr
+    if mngr is None:
+      if _is_lead():
+        native.write_config(best, model_config)
+        native.copy_vocab(best, vocab_file)
+      mngr = native.checkpoint_manager(best, max_to_keep=1)
+    if step in mngr.all_steps():  # a resumed run re-evaluating a step it had kept: the same parameters
+      return
+    mngr.save(step, args=native.ocp.args.Composite(params=native.ocp.args.StandardSave(state.params),
+                                                   meta=native.ocp.args.JsonSave({"step": step, "score": score})),
+              force=True)
+    mngr.wait_until_finished()
+
+  return save
 
 
 def _load_pretrained(path: str, model_config: ST5Config, init_projection: str, seed: int, *,
@@ -402,6 +446,8 @@ def _loop(run: _Run, state: TrainState, *, start_step: int, end: int
 
   def save(state_: TrainState, step_: int, *, force: bool) -> None:
     meta = {"step": step_, "data_state": iterator.get_state(), "seed": tc.seed, "time": time.time()}
+    if run.keeper is not None:
+      meta["early_stopping"] = run.keeper.state_dict()
     save_state(run.mngr, state_, meta, force=force)
 
   bar = None
@@ -419,7 +465,8 @@ def _loop(run: _Run, state: TrainState, *, start_step: int, end: int
   hooks.add_hook(metrics_hook, every=logged, at_end=True)
   if bar is not None:
     hooks.add_hook(lambda info: bar.update(1), every=1)
-  hooks.add_hook(hooks_lib.PeriodicEval(run.sts_dev_eval, run.writer, skip_step=tc.num_train_steps),
+  hooks.add_hook(hooks_lib.PeriodicEval(run.sts_dev_eval, run.writer, skip_step=tc.num_train_steps,
+                                        on_score=run.keeper.update if run.keeper else None),
                  every=tc.eval_every)
   hooks.add_hook(hooks_lib.Checkpoint(save, run.writer), every=tc.checkpoint_every, at_end=True)
 
@@ -436,6 +483,12 @@ def _loop(run: _Run, state: TrainState, *, start_step: int, end: int
                                    last=stopping or step == end, stopping=stopping))
       if stopping:
         interrupted = signal.Signals(stop.signum).name
+        break
+      if run.keeper is not None and run.keeper.should_stop:  # early stopping: save this step and end
+        if step not in run.mngr.all_steps():
+          save(state, step, force=True)
+        log.info("Early stopping at step %d: %d evaluations without improvement; best %.2f at step %d (best/).",
+                 step, run.keeper.bad, run.keeper.best, run.keeper.best_step)
         break
   if bar is not None:
     bar.close()

@@ -30,6 +30,8 @@ from st5_jax.configs import ST5Config
 CONFIG_FILE = "st5_config.json"
 CHECKPOINT_DIR = "checkpoints"
 VOCAB_FILE = "spiece.model"
+BEST_DIR = "best"  # WORKDIR/best: the best evaluated parameters (early stopping), a model folder of its own
+CHECKPOINT_CHOICES = ("auto", "latest", "best")
 
 
 def root(path: paths.PathLike) -> str | None:
@@ -40,6 +42,26 @@ def root(path: paths.PathLike) -> str | None:
   if p.name.isdigit() and paths.is_file(p.parent.parent / CONFIG_FILE):
     return os.fspath(p.parent.parent)
   return None
+
+
+def choose_checkpoint(path: paths.PathLike, which: str = "auto") -> str:
+  """The model folder to load for `which` of a work dir: "latest" (its newest step), "best" (WORKDIR/best,
+  written when early stopping is on), or "auto": best when the work dir has one, else latest.
+  Anything that is not a work dir (a step directory, another format) is returned unchanged."""
+  if which not in CHECKPOINT_CHOICES:
+    raise ValueError(f"checkpoint must be one of {CHECKPOINT_CHOICES}, got {which!r}")
+  path = os.fspath(paths.path(path))
+  folder = root(path)
+  if folder is None or folder != path or paths.path(folder).name == BEST_DIR:
+    if which == "best" and (folder is None or paths.path(folder).name != BEST_DIR):
+      raise FileNotFoundError(f"--checkpoint best needs a work dir; {path} is not one.")
+    return path
+  best = paths.join(folder, BEST_DIR)
+  has_best = paths.is_file(paths.join(best, CONFIG_FILE)) and bool(committed_steps(best))
+  if which == "best" and not has_best:
+    raise FileNotFoundError(f"{folder} has no best checkpoint ({best}); it is written during training when "
+                            "TrainConfig.early_stopping is set.")
+  return best if (which == "best" or (which == "auto" and has_best)) else path
 
 
 def read_config(path: paths.PathLike) -> ST5Config:

@@ -24,6 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                  "enc_first / enc_mean on a layer_attention model removes its attention head).")
   p.add_argument("--vocab", default=None, help="SentencePiece model (default: model folder, $ST5_VOCAB, $ST5_DATA_DIR).")
   p.add_argument("--no_progress", action="store_true")
+  p.add_argument("--checkpoint", choices=["auto", "latest", "best"], default="auto",
+                 help="of a work dir: its latest step, its best evaluated parameters (WORKDIR/best, kept by "
+                      "early stopping), or auto (default): best when there is one, else latest")
   p.set_defaults(run=run)
 
 
@@ -37,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     lines = sys.stdin.read().splitlines()
   else:
     lines = paths.read_text(args.input).splitlines()  # local or gs://
-  encoder = SentenceEncoder.load(args.model, pooling=args.pooling, vocab=args.vocab, max_length=args.max_length)
+  encoder = SentenceEncoder.load(args.model, pooling=args.pooling, vocab=args.vocab, max_length=args.max_length,
+                                 checkpoint=args.checkpoint)
   start = time.perf_counter()
   emb = encoder.encode(lines, batch_size=args.batch_size, show_progress=not args.no_progress)
   elapsed = time.perf_counter() - start

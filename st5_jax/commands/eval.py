@@ -43,6 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
   p.add_argument("--vocab", default=None,
                  help="SentencePiece model (default: model folder, $ST5_VOCAB, $ST5_DATA_DIR).")
   p.add_argument("--kfold", type=int, default=10, help="Folds of SentEval's cross-validations (SentEval: 10).")
+  p.add_argument("--checkpoint", choices=["auto", "latest", "best"], default="auto",
+                 help="of a work dir: its latest step, its best evaluated parameters (WORKDIR/best, kept by "
+                      "early stopping), or auto (default): best when there is one, else latest")
   p.set_defaults(run=run)
 
 
@@ -64,7 +67,8 @@ def _display_names(paths: list[str], names: list[str]) -> list[str]:
 
 
 def _load_kwargs(args: argparse.Namespace) -> dict:
-  return {k: getattr(args, k) for k in ("pooling", "vocab", "max_length") if getattr(args, k) is not None}
+  return {k: getattr(args, k) for k in ("pooling", "vocab", "max_length", "checkpoint")
+          if getattr(args, k, None) is not None}
 
 
 def load_sentence_encoder(path: str, args: argparse.Namespace):

@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
   p.add_argument("--eval_results", action="append", default=[],
                  help="`st5 eval` results JSON to quote in the model card (repeatable).")
   p.add_argument("--overwrite", action="store_true", help="Replace --out if it exists.")
+  p.add_argument("--checkpoint", choices=["auto", "latest", "best"], default="auto",
+                 help="of a work dir: its latest step, its best evaluated parameters (WORKDIR/best, kept by "
+                      "early stopping), or auto (default): best when there is one, else latest")
   p.set_defaults(run=run)
 
 
@@ -48,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
   try:
     summary = export_model(args.model, format=args.format, out=args.out, vocab=args.vocab, pooling=args.pooling,
                            max_length=args.max_length, platforms=platforms, eval_results=args.eval_results,
-                           overwrite=args.overwrite)
+                           overwrite=args.overwrite, checkpoint=args.checkpoint)
   except (UnsupportedExportError, FileExistsError) as e:
     raise UsageError(str(e)) from e
   print(json.dumps(summary, indent=1))

@@ -19,12 +19,13 @@ log = logging.getLogger(__name__)
 def export_model(model: paths.PathLike, *, format: str, out: paths.PathLike,  # noqa: A002
                  vocab: str | None = None, pooling: str | None = None, max_length: int | None = None,
                  platforms: Sequence[str] | None = None, eval_results: Sequence[str] = (),
-                 overwrite: bool = False) -> dict[str, Any]:
+                 overwrite: bool = False, checkpoint: str = "auto") -> dict[str, Any]:
   """Exports `model` (any format `SentenceEncoder.load` reads) to `out` (local or gs://); returns a summary.
 
   format: "savedmodel" or "sentence-transformers". `pooling` / `max_length` override the
   checkpoint's; `platforms` are the SavedModel's lowering targets (default cpu, cuda, tpu);
-  `eval_results` are `st5 eval` results files quoted in the model card.
+  `eval_results` are `st5 eval` results files quoted in the model card. `checkpoint`: of a work dir,
+  "latest", "best" or "auto" (best when early stopping kept one).
   """
   if format not in FORMATS:
     raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
@@ -38,7 +39,7 @@ def export_model(model: paths.PathLike, *, format: str, out: paths.PathLike,  # 
     if not paths.is_file(f):
       raise FileNotFoundError(f"evaluation results {f} do not exist")
   start = time.perf_counter()
-  src = source.load_source(model, vocab=vocab, pooling=pooling, max_length=max_length)
+  src = source.load_source(model, vocab=vocab, pooling=pooling, max_length=max_length, checkpoint=checkpoint)
   if format == "sentence-transformers":
     if src.config.pooling == "layer_attention":
       # sentence-transformers pools only the last layer: export the removed-at-inference

@@ -49,9 +49,11 @@ def remove_layer_attention(src: ExportSource, *, pooling: str = LAYER_ATTENTION_
 
 
 def load_source(path: paths.PathLike, *, vocab: str | None = None, pooling: str | None = None,
-                max_length: int | None = None) -> ExportSource:
-  """Loads `path` (local or gs://) for export: float32 activations, no scan, no remat, parameters checked."""
-  path = os.fspath(paths.path(path))
+                max_length: int | None = None, checkpoint: str = "auto") -> ExportSource:
+  """Loads `path` (local or gs://) for export: float32 activations, no scan, no remat, parameters checked.
+  `checkpoint`: of a work dir, "latest", "best" or "auto" (native.choose_checkpoint)."""
+  from st5_jax.checkpoints import native  # pylint: disable=g-import-not-at-top
+  path = native.choose_checkpoint(path, checkpoint)
   # Numerics of the exported graph: fp32 activations (the parity promise), unrolled layers
   # (names stay per-layer), no rematerialisation (inference only).
   overrides: dict[str, Any] = {"dtype": "float32", "scan_layers": False, "remat_policy": "none"}
