@@ -80,6 +80,10 @@ class AdamWConfig:
   b2: float = 0.999
   eps: float = 1e-6
   max_grad_norm: float | None = 1.0
+  # False: no bias correction of the moments (transformers.AdamW(correct_bias=False), which
+  # sentence-transformers' fit and ConSERT's main.py use); weight decay then follows the Adam
+  # step, as in that class.
+  correct_bias: bool = True
   # Parameters (by their last path name) without weight decay: biases and layer-norm scales,
   # sentence-transformers' no_decay = ['bias', 'LayerNorm.bias', 'LayerNorm.weight'].
   no_decay: tuple[str, ...] = ("bias", "scale")
@@ -110,11 +114,52 @@ def _decay_mask(params: Any, no_decay: Sequence[str]) -> Any:
   return jax.tree_util.tree_map_with_path(keep, params)
 
 
+def _scale_by_adam_uncorrected(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
+  """m / (sqrt(v) + eps) with running moments and no bias correction (transformers.AdamW(correct_bias=False))."""
+
+  def init_fn(params):
+    zeros = lambda p: jnp.zeros_like(p, jnp.float32)  # noqa: E731
+    return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=jax.tree.map(zeros, params),
+                                  nu=jax.tree.map(zeros, params))
+
+  def update_fn(updates, state, params=None):
+    del params
+    mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
+    nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, state.nu, updates)
+    out = jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu)
+    return out, optax.ScaleByAdamState(count=optax.safe_increment(state.count), mu=mu, nu=nu)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _decay_after_step(weight_decay: float, schedule: optax.Schedule, mask) -> optax.GradientTransformation:
+  """transformers.AdamW's decay: p -= lr * wd * p' on the parameters p' after the Adam step, given
+  updates u = -lr * adam: the update becomes u - lr * wd * (p + u)."""
+
+  def init_fn(params):
+    del params
+    return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+  def update_fn(updates, state, params=None):
+    lr = schedule(state.count)
+    keep = mask(params)
+    out = jax.tree.map(lambda u, p, k: u - lr * weight_decay * (p + u) if k else u, updates, params, keep)
+    return out, optax.ScaleByScheduleState(count=optax.safe_increment(state.count))
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
 def make_adamw(config: AdamWConfig, *, num_train_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
   schedule = warmup_linear_schedule(learning_rate=config.learning_rate, num_train_steps=num_train_steps,
                                     warmup_fraction=config.warmup_fraction)
-  adamw = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay,
-                      mask=lambda params: _decay_mask(params, config.no_decay))
+  mask = lambda params: _decay_mask(params, config.no_decay)  # noqa: E731
+  if config.correct_bias:
+    adamw = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay,
+                        mask=mask)
+  else:
+    adamw = optax.chain(_scale_by_adam_uncorrected(config.b1, config.b2, config.eps),
+                        optax.scale_by_learning_rate(schedule),
+                        _decay_after_step(config.weight_decay, schedule, mask))
   if config.max_grad_norm is None:
     return adamw, schedule
   return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adamw), schedule

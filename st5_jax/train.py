@@ -433,6 +433,10 @@ def _load_pretrained(path: str, model_config: ST5Config, init_projection: str, s
   if init_projection not in ("auto", "fresh"):
     raise ValueError(f"init_projection must be 'auto' or 'fresh', got {init_projection!r}")
   objective = objective or Contrastive()
+  chosen = native.choose_checkpoint(path, "auto")  # a work dir that kept a best checkpoint starts from it
+  if chosen != os.fspath(paths.path(path)):
+    log.info("init_from %s: its best checkpoint (%s), kept by early stopping", path, chosen)
+  path = chosen
   params, report = objective.load_pretrained(path, model_config, fresh_projection=(init_projection == "fresh"),
                                              rng=jax.random.PRNGKey(seed + 1))
   log.info("Initialised from %s: %s", path, report.summary())

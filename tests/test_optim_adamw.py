@@ -107,3 +107,47 @@ def test_adamw_in_the_trainer_shards_its_moments_like_the_parameters():
   got, want = tree.flatten(jax.device_get(state.params)), tree.flatten(jax.device_get(ref.params))
   for k in want:
     np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), atol=2e-5, rtol=1e-4, err_msg=k)
+
+
+def test_adamw_without_bias_correction_matches_transformers_adamw_by_hand():
+  """transformers.AdamW(correct_bias=False), ConSERT's optimiser, re-derived in NumPy: no bias correction,
+  then weight decay on the updated parameters, after global-norm clipping."""
+  config = optim.AdamWConfig(**{**CFG.__dict__, "correct_bias": False})
+  rng = np.random.default_rng(1)
+  params = _params(rng)
+  grads = [jax.tree.map(lambda x: 3.0 * rng.normal(size=x.shape), params) for _ in range(STEPS)]
+  warmup = int(STEPS * config.warmup_fraction)
+  p = {n: dict(d) for n, d in params.items()}
+  m = jax.tree.map(np.zeros_like, params)
+  v = jax.tree.map(np.zeros_like, params)
+  for step, g in enumerate(grads):
+    lr = config.learning_rate * (step / warmup if step < warmup else max(0.0, (STEPS - step) / (STEPS - warmup)))
+    norm = np.sqrt(sum((x ** 2).sum() for x in jax.tree.leaves(g)))
+    scale = min(1.0, config.max_grad_norm / (norm + 1e-6))  # torch clip_grad_norm_
+    for a in p:
+      for b in p[a]:
+        gg = g[a][b] * scale
+        m[a][b] = config.b1 * m[a][b] + (1 - config.b1) * gg
+        v[a][b] = config.b2 * v[a][b] + (1 - config.b2) * gg * gg
+        p[a][b] = p[a][b] - lr * m[a][b] / (np.sqrt(v[a][b]) + config.eps)
+        if b not in ("bias", "scale"):
+          p[a][b] = p[a][b] - lr * config.weight_decay * p[a][b]
+  with jax.enable_x64():
+    tx, _ = optim.make_optimizer(config, num_train_steps=STEPS)
+    q = jax.tree.map(jnp.asarray, params)
+    state = tx.init(q)
+    for g in grads:
+      updates, state = tx.update(jax.tree.map(jnp.asarray, g), state, q)
+      q = optax.apply_updates(q, updates)
+  for a in p:
+    for b in p[a]:
+      np.testing.assert_allclose(np.asarray(q[a][b]), p[a][b], rtol=1e-6, atol=1e-8, err_msg=f"{a}/{b}")
+  # And the corrected form differs (the first steps are up to ~3x larger without the correction).
+  tx_c, _ = optim.make_optimizer(CFG, num_train_steps=STEPS)
+  with jax.enable_x64():
+    r = jax.tree.map(jnp.asarray, params)
+    sc = tx_c.init(r)
+    for g in grads:
+      u, sc = tx_c.update(jax.tree.map(jnp.asarray, g), sc, r)
+      r = optax.apply_updates(r, u)
+  assert np.abs(np.asarray(r["dense"]["kernel"]) - p["dense"]["kernel"]).max() > 1e-3
