@@ -601,3 +601,39 @@ def test_scanned_weak_decoder_names_stack_and_unstack():
   stacked = tree.stack_layers({k: np.zeros(s) for k, s in unrolled.items()})
   assert {k: v.shape for k, v in stacked.items()} == scanned
   assert set(tree.unstack_layers(stacked)) == set(unrolled)
+
+
+def test_weak_decoder_reconstructs_the_uncorrupted_text_not_the_corrupted_input():
+  """SEED-Encoder's weak decoder target is the original text (paper eq. 3; the official code's decoder
+  labels are the input ids before MLM masking). Re-derived in NumPy from the model's logits: the loss
+  is the cross-entropy against `uncorrupted`, and would differ with the corrupted inputs as targets."""
+  obj = SeedEncoder(num_layers=1, decoder_loss_weight=0.7, window=2)
+  tc = _tc(objective=obj)
+  mesh = partitioning.make_mesh(partitioning.MeshConfig(1, 1, 1), devices=jax.devices()[:1])
+  batch = jax.device_get(next(SyntheticSpanCorruption(mesh, 8, 3)))
+  enc, tgt, weak = (np.asarray(batch[k]) for k in (seed_objective.ENCODER_INPUTS, seed_objective.DECODER_TARGETS,
+                                                   seed_objective.WEAK_DECODER_TARGETS))
+  assert not np.array_equal(enc[:, :weak.shape[1]], weak)  # sentinels in the inputs, none in the text
+  model = obj.make_model(TINY)
+  boxed = obj.abstract_params(TINY)
+  params = nn.unbox(obj.init_params(TINY, jax.random.PRNGKey(0)))
+  (loss, m), _ = obj.make_value_and_grad(model, boxed, TINY, tc)(params, batch, jax.random.PRNGKey(1))
+
+  def numpy_ce(logits, t):
+    logits = np.asarray(logits, np.float64)
+    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    nll = -np.take_along_axis(logp, t[..., None], -1)[..., 0]
+    return nll[t > 0].mean()
+
+  def weak_loss(targets):
+    shifted = np.concatenate([np.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)
+    _, weak_logits = model.apply({"params": params}, enc, decoder_input_tokens_BxT=seed_objective.shift_right(tgt),
+                                 weak_decoder_input_tokens_BxS=shifted, deterministic=True)
+    return numpy_ce(weak_logits, targets)
+
+  want = weak_loss(weak)
+  assert float(m["dec_loss"]) == pytest.approx(want, rel=1e-4)
+  wrong = weak_loss(enc[:, :weak.shape[1]])
+  assert abs(wrong - want) > 1e-2
+  assert float(loss) == pytest.approx(float(m["span_loss"]) + 0.7 * want, rel=1e-4)
