@@ -379,12 +379,12 @@ def test_grad_cache_equals_the_full_batch_gradient(objective_name, views, model)
 def test_joint_loss_is_cross_entropy_plus_weighted_nt_xent_directions():
   model = TINY
   batch = _batch("nli")
-  tc = _tc("consert_joint", ("none", 0.0, "token_cutoff", 0.1), weight=0.15)
+  tc = _tc("consert_joint", ("none", 0.0, "token_cutoff", 0.1), weight=0.25, temperature=0.07)  # not the defaults
   params = _params(model, objective=tc.objective)
   sm = tc.objective.make_model(model)
   key = jax.random.PRNGKey(4)
   (loss, metrics), _ = _vg(tc, model, sm)(params, batch, key)
-  # Recompute from the towers: CE of the first views, + 0.15 (loss_a + loss_b) per side.
+  # Recompute from the towers: CE of the first views, + 0.25 (loss_a + loss_b) per side at tau 0.07.
   spec = tc.objective.spec(model, tc)
   tower = objective.Tower(sm, None, shuffle_tokens=spec.shuffle_tokens)
   embs, normed = {}, {}
@@ -407,9 +407,9 @@ def test_joint_loss_is_cross_entropy_plus_weighted_nt_xent_directions():
   ce = numpy_ce(embs["premise1"], embs["hypothesis1"])
   # The head reads the un-normalised vectors: the normalised ones give another loss.
   assert abs(numpy_ce(normed["premise1"], normed["hypothesis1"]) - ce) > 1e-3
-  con = sum(2 * _nt_xent_numpy(embs[f"{s}1"], embs[f"{s}2"], 0.1)[0] for s in ("premise", "hypothesis"))
+  con = sum(2 * _nt_xent_numpy(embs[f"{s}1"], embs[f"{s}2"], 0.07)[0] for s in ("premise", "hypothesis"))
   assert float(metrics["nli_loss"]) == pytest.approx(ce, rel=1e-5)
-  assert float(loss) == pytest.approx(ce + 0.15 * con, rel=1e-5)
+  assert float(loss) == pytest.approx(ce + 0.25 * con, rel=1e-5)
   assert not np.allclose(embs["premise1"], embs["premise2"])
 
 

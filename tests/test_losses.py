@@ -39,13 +39,14 @@ def numpy_loss(q, p, n=None, tau=0.01, bidirectional=False, smoothing=0.0):
 @pytest.mark.parametrize("hard_negatives", [False, True])
 @pytest.mark.parametrize("bidirectional", [False, True])
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
-def test_loss_matches_numpy(hard_negatives, bidirectional, smoothing):
+@pytest.mark.parametrize("tau", [0.01, 0.07])  # the paper's, and another: both directions must use it
+def test_loss_matches_numpy(hard_negatives, bidirectional, smoothing, tau):
   rng = np.random.default_rng(0)
   q, p, n = _unit(rng, 12, 16), _unit(rng, 12, 16), _unit(rng, 12, 16)
   p = (q + 3.0 * p) / np.linalg.norm(q + 3.0 * p, axis=1, keepdims=True)  # loosely related positives
   assert numpy_loss(q, p) > 1.0  # a non-trivial value to compare
-  want = numpy_loss(q, p, n if hard_negatives else None, 0.01, bidirectional, smoothing)
-  got, metrics = losses.in_batch_softmax_loss(q, p, n if hard_negatives else None, temperature=0.01,
+  want = numpy_loss(q, p, n if hard_negatives else None, tau, bidirectional, smoothing)
+  got, metrics = losses.in_batch_softmax_loss(q, p, n if hard_negatives else None, temperature=tau,
                                               bidirectional=bidirectional, label_smoothing=smoothing)
   np.testing.assert_allclose(float(got), want, rtol=1e-5)
   assert float(metrics["loss"]) == pytest.approx(want, rel=1e-5)

@@ -21,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
   p.add_argument("--max_length", type=int, default=None, help="Token limit (EOS included); default: the model's.")
   p.add_argument("--pooling", choices=list(POOLINGS), default=None,
                  help="Override the pooling (needed for raw T5 checkpoints that do not record one; "
-                 "enc_first / enc_mean on a layer_attention model removes its attention head).")
+                 "enc_first / enc_mean on a layer_attention model removes its attention head: this project's own "
+                 "form, not LayerAttPooler's, which always runs it).")
   p.add_argument("--vocab", default=None, help="SentencePiece model (default: model folder, $ST5_VOCAB, $ST5_DATA_DIR).")
   p.add_argument("--no_progress", action="store_true")
   p.add_argument("--checkpoint", choices=["auto", "latest", "best"], default="auto",

@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                  "$ST5_DATA_DIR); copied into the export.")
   p.add_argument("--pooling", choices=list(POOLINGS), default=None,
                  help="Override the pooling (needed for raw T5 checkpoints that do not record one; "
-                 "enc_first / enc_mean on a layer_attention model removes its attention head).")
+                 "enc_first / enc_mean on a layer_attention model removes its attention head: this project's own "
+                 "form, not LayerAttPooler's, which always runs it).")
   p.add_argument("--max_length", type=int, default=None,
                  help="Token limit (EOS included) baked into the export; default: the model's.")
   p.add_argument("--platforms", default="cpu,cuda,tpu",

@@ -30,7 +30,9 @@ class ExportSource:
 
 
 # The form a layer_attention model takes where its pooling cannot be expressed
-# (sentence-transformers): the mean of the last layer, then the trained projection.
+# (sentence-transformers): the mean of the last layer, then the trained projection. This
+# removed-at-inference form is this project's own: LayerAttPooler's paper and official code
+# (nlpods/LayerAttPooler) always run the attention head.
 # Measured (docs/results.md, lap_tiny_cpu at 900 steps): the mean keeps the full model's
 # STS average (50.02 vs 48.67) where the last layer's first token, the c_L the head
 # reads, loses 10 points (38.22): the head reads mostly a middle layer.

@@ -14,7 +14,13 @@ code (modeling_bert.py `_cutoff_embeddings`, `_replace_position_ids`, `_sample_s
   feature_cutoff  int(d * rate) random hidden dimensions zeroed at every real position (0.2).
   span_cutoff     one random contiguous span of max(int(n * (1 - rate)), 1) real tokens
                   kept; the rest become padding (token 0) and are masked as attention keys.
-                  The official Pooling still averages over the original mask.
+                  The official Pooling still averages over the original mask. This differs
+                  from the official code on purpose: there the attention mask is built
+                  before the cutoff, so the cut positions stay attended (as zeroed
+                  embeddings that keep their positions). Here the view is the span alone, a
+                  shorter sentence, which is what the paper describes ("cutoff ... a span
+                  of tokens"); no shipped recipe uses span cutoff (the official scripts do
+                  not either), so no published number depends on the choice.
   dropout         exactly int(n * d * rate) random elements of the real rows zeroed,
                   with no 1 / (1 - rate) rescaling (0.2).
   adversarial     FGV (supervised objectives only): emb + eps * g / ||g||, g the gradient
