@@ -76,9 +76,14 @@ DATA_TIME = {"st5_jax.data.options": None, "st5_jax.data.user_qa_pairs": {"st5_u
 @pytest.mark.parametrize("run", RUNS)
 def test_every_configurable_a_run_binds_is_read(run):
   bindings = gin_config.trace([run], search_paths=[str(GIN)])
-  init_from = [b.value for b in bindings if b.key == "st5_jax.gin_config.run.init_from"]
-  # A stage-2 run's init_from is REQUIRED: set it as a user must.
-  parse_gin([run], ["run.init_from = '/stage1/workdir'"] if init_from and "REQUIRED" in init_from[-1] else [])
+  # A stage-2 run's init_from and a cached run's cache_dir are REQUIRED: set them as a user must.
+  required = {"run.init_from": "'/stage1/workdir'", "DataConfig.cache_dir": "'/st5_cache'"}
+  extra = []
+  for key, value in required.items():
+    values = [b.value for b in bindings if b.key.endswith(key)]
+    if values and "REQUIRED" in str(values[-1]):
+      extra.append(f"{key} = {value}")
+  parse_gin([run], extra)
   spec = gin_config.run_spec()
   called = {selector for _, selector in gin.config._OPERATIVE_CONFIG}  # pylint: disable=protected-access
   bound = collections.defaultdict(list)
