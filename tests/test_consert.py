@@ -222,7 +222,8 @@ def test_objective_views_are_the_pure_augmentations_on_the_embedding_output(view
   key = jax.random.PRNGKey(11)
   plan = augment.sample_plan(view, mask, key, rate=rate, dim=cfg.t5.emb_dim)
   got = objective.Tower(model, None, shuffle_tokens=False)(params, tokens, plan, jax.random.PRNGKey(0))
-  apply = lambda **kw: model.apply({"params": params}, tokens, **kw)  # noqa: E731
+  # The tower's output is the pooled vector before L2 normalisation (SentenceT5.project).
+  apply = lambda **kw: model.apply({"params": params}, tokens, method="project", **kw)  # noqa: E731
   x = model.apply({"params": params}, tokens, method="embed_tokens")
   if view == "shuffle":
     want = apply(positions_BxL=augment.shuffle_positions(mask, key))
