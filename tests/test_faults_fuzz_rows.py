@@ -1,6 +1,7 @@
 """Faults: fuzzed user files (TSV/CSV/JSONL/TFRecord) never crash the row reader; every row is
 accounted for (read = examples + filtered + skipped) and bad rows are reported as file:line: reason."""
 
+import json
 import re
 import struct
 
@@ -14,8 +15,10 @@ SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 # Pieces of lines: valid rows, the usual suspects, and arbitrary text and bytes.
-_GOOD_TSV = st.sampled_from([b"a b\tc d\t1", b"x\ty\t0", b"\xc3\xa9t\xc3\xa9\tsummer\t1"])
-_GOOD_JSONL = st.sampled_from([b'{"q": "a", "p": "b", "l": 1}', b'{"q": "x", "p": "y", "l": "0"}'])
+_GOOD_TSV_ROWS = (b"a b\tc d\t1", b"x\ty\t0", b"\xc3\xa9t\xc3\xa9\tsummer\t1")
+_GOOD_JSONL_ROWS = (b'{"q": "a", "p": "b", "l": 1}', b'{"q": "x", "p": "y", "l": "0"}')
+_GOOD_TSV = st.sampled_from(_GOOD_TSV_ROWS)
+_GOOD_JSONL = st.sampled_from(_GOOD_JSONL_ROWS)
 _NASTY = st.sampled_from([b"", b"\x00\x00", b"\xef\xbb\xbf", b"\xff\xfe", b"\r", b"\t\t\t\t", b'"', b'"a,"b"',
                           b'{"q": ', b"[1, 2]", b"null", b'{"q": 1, "p": "b", "l": 1}', b"\xe9t\xe9",
                           b"a\tb", b"a\tb\tc\td\te", b"x" * 100_000, b'"unterminated\n,quote'])
@@ -63,6 +66,11 @@ def test_tsv(tmp_path_factory, lines, crlf, bom):
                        keep_labels=("1",))
   examples, stats = _read(path, fmt)
   assert stats.rows_read == _physical_lines(data)  # one row per line, none lost or doubled
+  # And the clean lines parse: each "a\tb\t1" line is an example (TSV has no quoting, so a
+  # neighbouring bad line cannot swallow it); the others may only add examples.
+  clean = [line.decode("utf-8").split("\t")[:2] for line in lines if line in _GOOD_TSV_ROWS and line.endswith(b"\t1")]
+  got = [[ex["left"], ex["right"]] for ex in examples or []]
+  assert _is_subsequence(clean, got), (clean, got)
 
 
 @SETTINGS
@@ -86,8 +94,11 @@ def test_jsonl(tmp_path_factory, lines, crlf, bom):
   data = _join(lines, crlf, bom)
   path.write_bytes(data)
   fmt = rows.RowFormat("jsonl", {"left": "q", "right": "p"}, label_column="l", label_values=("0", "1"))
-  _, stats = _read(path, fmt)
+  examples, stats = _read(path, fmt)
   assert stats.rows_read == _physical_lines(data)
+  clean = [[json.loads(line)["q"], json.loads(line)["p"]] for line in lines if line in _GOOD_JSONL_ROWS]
+  got = [[ex["left"], ex["right"]] for ex in examples or []]
+  assert _is_subsequence(clean, got), (clean, got)
 
 
 def _frame(payload):
@@ -101,19 +112,60 @@ def _example(q, p):
   return example_pb2.Example(features=feature_pb2.Features(feature=feats)).SerializeToString()
 
 
+_WORD = st.text(alphabet="abcxyz019", min_size=1, max_size=8).map(str.encode)
 _RECORD = st.one_of(st.tuples(st.binary(max_size=12), st.binary(max_size=12)).map(lambda qp: _example(*qp)),
+                    st.tuples(_WORD, _WORD).map(lambda qp: _example(*qp)),  # clean: must be read
                     st.binary(max_size=30))
 
 
 @SETTINGS
-@given(records=st.lists(_RECORD, max_size=12), cut=st.integers(0, 10_000), flip=st.integers(-1, 10_000))
+@given(records=st.lists(_RECORD, max_size=12), cut=st.one_of(st.just(0), st.integers(0, 10_000)),
+       flip=st.one_of(st.just(-1), st.integers(0, 10_000)))
 def test_tfrecord(tmp_path_factory, records, cut, flip):
   path = tmp_path_factory.mktemp("tfr") / "pairs.tfrecord"
   data = bytearray(b"".join(_frame(r) for r in records))
+  intact = flip < 0 and cut % (len(data) + 1) == 0
   if data and 0 <= flip:
     data[flip % len(data)] ^= 0x5A
   if data:
     data = data[:len(data) - cut % (len(data) + 1)]
   path.write_bytes(bytes(data))
-  _, stats = _read(path, rows.RowFormat("tfrecord", {"left": "q", "right": "p"}))
+  examples, stats = _read(path, rows.RowFormat("tfrecord", {"left": "q", "right": "p"}))
   assert stats.rows_read <= len(records) + 1
+  if intact:
+    # Untouched framing: every record that is an example of two plain ASCII texts is read, in order.
+    want = []
+    for r in records:
+      try:
+        f = example_pb2.Example.FromString(r).features.feature
+      except Exception:  # noqa: BLE001  (random bytes)
+        continue
+      texts = [f[k].bytes_list.value[0] if k in f and f[k].bytes_list.value else b"" for k in ("q", "p")]
+      if all(t.isascii() and t.isalnum() for t in texts):
+        want.append([t.decode() for t in texts])
+    got = [[ex["left"], ex["right"]] for ex in examples or []]
+    assert _is_subsequence(want, got), (want, got)
+
+
+def test_clean_files_parse_in_every_format(tmp_path):
+  """No noise: every row of every format is an example with the expected texts (so a reader that
+  rejected everything could not pass the fuzzed tests above)."""
+  want = [["a b", "c d"], ["été", "summer"]]
+  (tmp_path / "p.tsv").write_bytes(b"a b\tc d\t1\n\xc3\xa9t\xc3\xa9\tsummer\t1\n")
+  (tmp_path / "p.jsonl").write_text("\n".join(json.dumps({"q": q, "p": p, "l": 1}) for q, p in want) + "\n")
+  (tmp_path / "p.tfrecord").write_bytes(b"".join(_frame(_example(q.encode(), p.encode())) for q, p in want))
+  (tmp_path / "p.csv").write_text('q,p,l\n"a b","c d",1\nété,summer,0\n', encoding="utf-8")
+  fmts = {"p.tsv": rows.RowFormat("tsv", {"left": 0, "right": 1}, num_fields=3, label_column=2,
+                                  label_values=("0", "1"), keep_labels=("1",)),
+          "p.jsonl": rows.RowFormat("jsonl", {"left": "q", "right": "p"}, label_column="l", label_values=("0", "1")),
+          "p.tfrecord": rows.RowFormat("tfrecord", {"left": "q", "right": "p"}),
+          "p.csv": rows.RowFormat("csv", {"left": "q", "right": "p"}, label_column="l", label_values=("0", "1"))}
+  for name, fmt in fmts.items():
+    examples, stats = _read(tmp_path / name, fmt)
+    assert [[ex["left"], ex["right"]] for ex in examples] == want, name
+    assert (stats.rows_read, stats.rows_skipped) == (2, 0), name
+
+
+def _is_subsequence(small, big):
+  it = iter(big)
+  return all(any(x == y for y in it) for x in small)
