@@ -216,7 +216,7 @@ class BestKeeper:
       log.info("step %d: best %s so far (%.2f); kept in best/", step, self.config.metric, score)
     else:
       self.bad += 1
-      log.info("step %d: no improvement on %.2f (step %d) for %d evaluation(s)%s", step, self.best,
+      log.info("step %d: no improvement on %s (step %s) for %d evaluation(s)%s", step, self.best,
                self.best_step, self.bad, f" of {self.config.patience}" if self.config.patience else "")
     if self.config.patience is not None and self.bad >= self.config.patience and self.stopped_at is None:
       self.stopped_at = step

@@ -377,7 +377,7 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
     start_step = int(jax.device_get(state.step))
     end = tc.num_train_steps if stop_after_steps is None else min(tc.num_train_steps, start_step + stop_after_steps)
     if keeper is not None and keeper.should_stop:  # a rerun of a run that stopped early: nothing left to do
-      log.info("Stopped early at step %d (best %.2f at step %d): nothing to resume.", keeper.stopped_at,
+      log.info("Stopped early at step %d (best %s at step %s): nothing to resume.", keeper.stopped_at,
                keeper.best, keeper.best_step)
       end = start_step
     run = _Run(setup=setup, config=tc, mngr=mngr, writer=writer, iterator=iterator, sts_dev_eval=sts_dev_eval,
@@ -491,7 +491,7 @@ def _loop(run: _Run, state: TrainState, *, start_step: int, end: int
       if run.keeper is not None and run.keeper.should_stop:  # early stopping: save this step and end
         if step not in run.mngr.all_steps():
           save(state, step, force=True)
-        log.info("Early stopping at step %d: %d evaluations without improvement; best %.2f at step %d (best/).",
+        log.info("Early stopping at step %d: %d evaluations without improvement; best %s at step %s (best/).",
                  step, run.keeper.bad, run.keeper.best, run.keeper.best_step)
         break
   if bar is not None:
