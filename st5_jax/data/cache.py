@@ -9,8 +9,8 @@ Each record is one example: an int64 feature per token feature holding its token
 exactly as the task's pipeline makes them (tokenised, truncated to the feature length
 minus one, EOS appended; no padding), and an int64 or float feature per scalar feature.
 
-What a writer does is split into pure steps, so that a distributed writer (an Apache
-Beam pipeline, deferred: see docs/data.md) produces byte-identical files:
+What a writer does is split into pure steps, so that the distributed writer (the Apache
+Beam pipeline of st5_jax.data.beam_cache) produces byte-identical files:
 
 1. `dedup_key(texts)` -- blake2b-128 of the features' normalised texts
    (st5_jax.data.overlap.normalize); of examples with the same key the first in the
@@ -23,10 +23,11 @@ Beam pipeline, deferred: see docs/data.md) produces byte-identical files:
 
 `write_cache` runs them in memory over the task's existing path: for this project's
 sources the same rows, filters and decontamination as the NumPy path (and the same
-tokens: convert.encode_block's rule); for any other seqio task its own pipeline
-(seqio.get_dataset, unshuffled). `CacheReader` checks a cache against the task that
-reads it and reads shards record by record with checksums verified
-(st5_jax.data.cache_stream turns them into a training stream).
+tokens: convert.encode_block's rule), and then drops examples with a text in any
+evaluation set (`decontaminate`, default on: users' tasks too; counted by set); for any
+other seqio task its own pipeline (seqio.get_dataset, unshuffled). `CacheReader` checks
+a cache against the task that reads it and reads shards record by record with checksums
+verified (st5_jax.data.cache_stream turns them into a training stream).
 """
 
 from __future__ import annotations
