@@ -40,6 +40,7 @@ from st5_jax import hooks as hooks_lib
 from st5_jax import vocab as vocab_lib
 from st5_jax.checkpoints import native
 from st5_jax.checkpoints.state import restore_latest_good, restore_state, save_state  # noqa: F401  (re-exported)
+from st5_jax.checkpoints import storage
 from st5_jax.checkpoints.storage import WorkdirWriteError, workdir_write_error  # noqa: F401  (re-exported)
 from st5_jax.configs import ST5Config
 from st5_jax.evaluation import in_training
@@ -299,6 +300,7 @@ def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: 
   A work dir that stops taking writes (disk full, permissions) raises WorkdirWriteError
   naming the path and the free space; committed checkpoints stay intact for a rerun.
   """
+  storage.quiet_background_storage_errors()  # the storage error is reported once, below
   try:
     return _train(workdir=workdir, model_config=model_config, train_config=train_config,
                   make_iterator=make_iterator, mesh_config=mesh_config, init_from=init_from,
@@ -308,8 +310,7 @@ def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: 
     err = workdir_write_error(e, paths.path(workdir))
     if err is None:
       raise
-    log.error("%s", err)
-    raise err from e
+    raise err from e  # one line from the CLI (`st5 train: error: ...`), not also a log line
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ the path, the reason, the free space and the checkpoints a rerun resumes from.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import pathlib
 import shutil
@@ -44,6 +45,32 @@ def _storage_errno(e: BaseException) -> int | None:
         return code
     e = e.__cause__ or e.__context__
   return None
+
+
+class QuietBackgroundStorageErrors(logging.Filter):
+  """Drops library log records whose exception is a failed storage write.
+
+  When the disk fills during an orbax save, each background write task fails and asyncio
+  ("exception was never retrieved") and orbax (through absl: the commit, metadata and
+  finalize threads) log every one at ERROR with its traceback: 585 lines for the test's
+  2.4 MiB work dir. The trainer reports the storage error once itself
+  (`workdir_write_error`, the CLI's one line). Records with any other exception pass.
+  """
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    return exc is None or _storage_errno(exc) is None
+
+
+_QUIET_LOGGERS = ("asyncio", "absl")
+
+
+def quiet_background_storage_errors() -> None:
+  """Installs QuietBackgroundStorageErrors on the asyncio and absl loggers (once)."""
+  for name in _QUIET_LOGGERS:
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, QuietBackgroundStorageErrors) for f in logger.filters):
+      logger.addFilter(QuietBackgroundStorageErrors())
 
 
 def _committed_steps(workdir: epath.Path) -> list[int]:
