@@ -71,10 +71,6 @@ def read_unit(unit: tuple[int, Any]) -> Iterator[tuple[str, Any]]:
   yield "stats", {**stats.as_dict(), "unit": index, "examples": n}
 
 
-def shard_value(key: bytes, position: tuple[int, int], record: bytes, long: tuple[bool, ...]):
-  return (key, position, record, long)
-
-
 def write_shard(index: int, values: Iterable[Any], *, out_dir: str, num_shards: int, dedup: bool,
                 names: Sequence[str]) -> dict[str, Any]:
   """Dedups one shard's records (smallest source position kept), writes the shard, returns its entry + counts."""
@@ -174,7 +170,7 @@ def write_cache_beam(task: str, split: str, out_dir: str, num_shards: int, featu
                                         lambda n, texts: self._sp[n].encode(texts, out_type=int))
       for (position, ex), record, flags in zip(rows, data, long):
         key = cache.dedup_key([ex[n] for n in names])
-        yield cache.shard_of(key, num_shards), shard_value(key, position, record, tuple(flags))
+        yield cache.shard_of(key, num_shards), (key, position, record, tuple(flags))
 
   def manifest_of(_, shards, unit_stats, contaminated):
     read = RowStats()
