@@ -71,7 +71,9 @@ def test_eval_two_models_then_compare(fake_encoder_module, data_dir, tmp_path):
   # A third model, shown beside the two earlier ones without re-running them.
   out2 = tmp_path / "more.json"
   assert cli.main(["eval", "--model", f"{tmp_path}/other", "--name", "third", "--tasks", "STSBenchmark,geometry",
-                   "--data_dir", str(data_dir), "--output", str(out2), "--compare", str(out)]) == 0
+                   "--data_dir", str(data_dir), "--output", str(out2), "--compare", str(out),
+                   "--checkpoint", "best"]) == 0
+  assert fake_encoder_module[-1] == (f"{tmp_path}/other", {"checkpoint": "best"})
   models = report.load_results(out2)
   assert list(models) == ["third", "small", "big"]
   assert models["small"] == payload["models"]["small"]

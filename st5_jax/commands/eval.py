@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
   p.add_argument("--vocab", default=None,
                  help="SentencePiece model (default: model folder, $ST5_VOCAB, $ST5_DATA_DIR).")
   p.add_argument("--kfold", type=int, default=10, help="Folds of SentEval's cross-validations (SentEval: 10).")
-  p.add_argument("--checkpoint", choices=["auto", "latest", "best"], default="auto",
+  p.add_argument("--checkpoint", choices=["auto", "latest", "best"], default=None,
                  help="of a work dir: its latest step, its best evaluated parameters (WORKDIR/best, kept by "
                       "early stopping), or auto (default): best when there is one, else latest")
   p.set_defaults(run=run)
