@@ -198,6 +198,14 @@ def test_indivisible_batch_fails_before_any_data_work():
     geometry.check_global_batch_size(16, mesh=mesh, data_axes=("batch",))
 
 
+def test_batch_size_check_counts_every_data_axis():
+  # data x fsdp = 2 x 2 = 4 batch shards (model replicates the batch): 6 rows cannot split 4 ways, 12 can.
+  mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "model"))
+  with pytest.raises(DataConfigError, match="not divisible by the number of data shards 4"):
+    geometry.check_global_batch_size(6, mesh=mesh, data_axes=("data", "fsdp"), process_count=1)
+  geometry.check_global_batch_size(12, mesh=mesh, data_axes=("data", "fsdp"), process_count=1)
+
+
 def test_unknown_task_lists_known_ones():
   mesh = jax.make_mesh((8,), ("data",))
   with pytest.raises(DataConfigError, match="st5_stage1_public_qa"):

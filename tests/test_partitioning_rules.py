@@ -2,6 +2,7 @@
 so nothing else would notice a rule pointing at the wrong mesh axis)."""
 
 import jax
+import pytest
 from jax.sharding import PartitionSpec as P
 
 import synthetic
@@ -50,3 +51,15 @@ def test_parameters_land_on_the_mesh_axes_their_logical_axes_name():
     assert shard == expect, (name, shard, expect)
   heads = TINY.t5.num_heads
   assert params["encoder/relpos_bias/rel_embedding"].addressable_shards[0].data.shape[0] == heads // 2
+
+
+def test_a_dimension_that_does_not_divide_by_its_mesh_axis_is_named_before_compiling():
+  # model = 8: the relative-position table has num_heads = 4 rows ("heads" -> model), which cannot split 8 ways.
+  from st5_jax.model.st5 import abstract_params
+  mesh = partitioning.make_mesh(partitioning.MeshConfig(1, 1, 8))
+  heads = TINY.t5.num_heads
+  assert heads % 8
+  with pytest.raises(partitioning.PartitioningError,
+                     match=rf"relpos_bias'\]\['rel_embedding'\] dim {heads} over mesh axis model \(size 8\)"):
+    partitioning.param_shardings(abstract_params(TINY), mesh)
+  partitioning.param_shardings(abstract_params(TINY), partitioning.make_mesh(partitioning.MeshConfig(2, 2, 2)))
