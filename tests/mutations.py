@@ -249,7 +249,7 @@ MUTATIONS = [
       "no repeated right text (targets, hard negatives) in a batch"),
     M("data.dedup_no_swap", "st5_jax/data/dedup.py",
       "    elif _swap_into(i, keys, batches, left_keys, right_keys, open_batches):\n      continue\n", "",
-      DATA_K("dedup"), "a row that clashes everywhere swaps with a row of a full batch"),
+      DATA_K("dedup_assign"), "a row that clashes everywhere swaps with a row of a full batch"),
     M("data.state_not_window_start", "st5_jax/data/iterator.py",
       "      if block is not None and self._block_index < len(block.batches):\n", "      if False:\n",
       DATA_K("dedup_removes"), "inside a dedup window the state points at the window's start (replayed)"),

@@ -245,6 +245,17 @@ def test_dedup_assign_reports_unresolvable_duplicates():
   assert unresolved == 1 and moved >= 1
 
 
+def test_dedup_assign_swaps_a_row_into_a_full_batch():
+  # Rows (left text, right text): (A,p) (C,q) fill batch 0; (B,r) opens batch 1; (B,s) clashes with batch 1
+  # and batch 0 is full. Swapping (A,p) out to batch 1 and (B,s) into batch 0 resolves it: two rows moved.
+  A, B, C = [5, 1], [7, 1], [6, 1]
+  left = np.array([A, C, B, B], np.int32)
+  right = np.array([[10, 1], [11, 1], [12, 1], [13, 1]], np.int32)
+  batches, moved, unresolved = dedup.dedup_assign(left, [right], batch_size=2, num_batches=2)
+  assert unresolved == 0 and moved == 2
+  assert [sorted(b.tolist()) for b in batches] == [[1, 3], [0, 2]]
+
+
 def test_schedule_is_proportional_and_position_based():
   rates = np.array([3.0, 1.0])
   ids = mixing.schedule(np.zeros(2, np.int64), rates, 8)
