@@ -326,7 +326,7 @@ MUTATIONS = [
       "the weak decoder reconstructs the uncorrupted text"),
     M("seed.tied_logits_not_rescaled", "st5_jax/objectives/seed_encoder/weak_decoder.py",
       "logits_BxTxV = embedder.attend(y) / jnp.sqrt(jnp.float32(y.shape[-1]))", "logits_BxTxV = embedder.attend(y)",
-      SEED_K("loss_equals or uncorrupted"), "tied logits rescaled by 1/sqrt(d)"),
+      SEED_K("tied_embedding_over_sqrt_d"), "tied logits rescaled by 1/sqrt(d)"),
     M("seed.memory_always_pooled", "st5_jax/objectives/seed_encoder/weak_decoder.py",
       'return projected_BxE if self.seed.memory == "projected" else pooled_BxD', "return pooled_BxD",
       SEED_K("one_memory_slot"), "memory='projected' feeds the projected vector"),

@@ -289,6 +289,21 @@ def test_prediction_sees_only_the_window_and_the_vector(layers, k):
     assert reach[5].nonzero()[0].tolist() == [0, 4, 5]
 
 
+def test_weak_decoder_logits_are_the_tied_embedding_over_sqrt_d():
+  """Output projection tied to the token embeddings with T5's 1/sqrt(d) rescaling, re-derived in NumPy from
+  the weak decoder's final layer-norm output."""
+  seed = SeedEncoder(num_layers=1, window=2)
+  model, params = wd.SeedEncoderPretrainer(TINY, seed), _params(seed=seed)
+  rng = np.random.default_rng(5)
+  enc, weak = _tokens(rng, 2, 10), _tokens(rng, 2, 6)
+  (_, logits), state = model.apply({"params": params}, enc, weak_decoder_input_tokens_BxS=weak,
+                                   capture_intermediates=True, mutable=["intermediates"])
+  y = np.asarray(state["intermediates"]["weak_decoder"]["decoder_norm"]["__call__"][0], np.float64)
+  emb = np.asarray(params["token_embedder"]["embedding"], np.float64)
+  want = np.einsum("btd,vd->btv", y, emb) / np.sqrt(TINY.t5.emb_dim)
+  np.testing.assert_allclose(np.asarray(logits), want, rtol=1e-4, atol=1e-5)
+
+
 def _dec_loss(model, params, enc, weak_targets, interceptor=None):
   logits = _weak_logits(model, params, enc, seed_encoder.shift_right(weak_targets), interceptor=interceptor)
   nll, _, count = seed_encoder.token_cross_entropy(logits, weak_targets)
