@@ -49,6 +49,26 @@ _REMAT_POLICIES = {
 }
 
 
+# Attention kernel, read at trace time. "einsum" (the default, and the numerics every test
+# and checkpoint was made with): the two einsums below. Opt-in (benchmarks/gpu_compare.py's
+# A/B; not a config field, so no saved config changes): "xla" is jax.nn.dot_product_attention
+# fed the same float32 bias (relative position + key mask), the same math in one op XLA may
+# fuse; "cudnn" is its cuDNN flash kernel (GPU only, bf16/fp16) with that bias cast to the
+# activation dtype. Neither drops attention weights, so with dropout active the einsum path
+# is used whatever is set.
+ATTENTION_IMPLS = ("einsum", "xla", "cudnn")
+_attention_impl = "einsum"
+
+
+def set_attention_impl(name: str) -> str:
+  """Sets the attention kernel for models traced from now on; returns the previous one."""
+  global _attention_impl
+  if name not in ATTENTION_IMPLS:
+    raise ValueError(f"attention impl must be one of {ATTENTION_IMPLS}, got {name!r}")
+  prev, _attention_impl = _attention_impl, name
+  return prev
+
+
 def _param(module: nn.Module, name: str, init, shape, axes):
   return module.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
 
@@ -191,11 +211,21 @@ class MultiHeadAttention(nn.Module):
     q_BxQxHxK = _constrain(q.reshape(B, Q, H, K), ("batch", "length", "heads", "kv"))
     k_BxTxHxK = _constrain(k.reshape(B, -1, H, K), ("batch", "length", "heads", "kv"))
     v_BxTxHxK = _constrain(v.reshape(B, -1, H, K), ("batch", "length", "heads", "kv"))
-    logits_BxHxQxT = jnp.einsum("bqhk,bthk->bhqt", q_BxQxHxK, k_BxTxHxK,
-                                preferred_element_type=jnp.float32)
-    weights = jax.nn.softmax(logits_BxHxQxT + bias_BxHxQxK, axis=-1)
-    weights = nn.Dropout(cfg.dropout_rate)(weights, deterministic=self.deterministic)
-    out_BxQxHxK = jnp.einsum("bhqt,bthk->bqhk", weights.astype(cfg.dtype), v_BxTxHxK)
+    dropping = cfg.dropout_rate > 0 and not self.deterministic
+    if _attention_impl == "einsum" or dropping:
+      logits_BxHxQxT = jnp.einsum("bqhk,bthk->bhqt", q_BxQxHxK, k_BxTxHxK,
+                                  preferred_element_type=jnp.float32)
+      weights = jax.nn.softmax(logits_BxHxQxT + bias_BxHxQxK, axis=-1)
+      weights = nn.Dropout(cfg.dropout_rate)(weights, deterministic=self.deterministic)
+      out_BxQxHxK = jnp.einsum("bhqt,bthk->bqhk", weights.astype(cfg.dtype), v_BxTxHxK)
+    elif _attention_impl == "xla":
+      # scale=1: T5 does not scale logits (see above).
+      out_BxQxHxK = jax.nn.dot_product_attention(q_BxQxHxK, k_BxTxHxK, v_BxTxHxK, bias=bias_BxHxQxK,
+                                                 scale=1.0, implementation="xla")
+    else:  # cuDNN takes the bias in the activation dtype (bfloat16 holds -1e10) and returns its gradient
+      out_BxQxHxK = jax.nn.dot_product_attention(q_BxQxHxK, k_BxTxHxK, v_BxTxHxK,
+                                                 bias=bias_BxHxQxK.astype(cfg.dtype), scale=1.0,
+                                                 implementation="cudnn")
     out = Dense(cfg.emb_dim, axes=("joined_kv", "embed"), dtype=cfg.dtype, name="out")(
         out_BxQxHxK.reshape(B, Q, H * K))
     return _constrain(out, ("batch", "length", "embed"))
