@@ -12,7 +12,12 @@ for anything else (collection error, timeout) -- an error is not a kill.
   python tests/mutations.py --baseline       first run each distinct test selection unmutated
   tests/run.sh --mutations [args]            the same, in the test environment
 
-Not part of the default test run (about 1-1.5 hours on 2 shared cores). Results: docs/testing.md.
+116 mutants over losses, Adafactor and AdamW, the schedules, the train step and loop, the poolings,
+layer attention, the checkpoint importers, orbax restore, partitioning rules, batch geometry, the data
+converter, mixing, dedup and iterator state, export (SavedModel, sentence-transformers), ConSERT's
+augmentations, SEED-Encoder's weak decoder, evaluation and early stopping. Each result records the
+test that killed the mutant (the first FAILED line of pytest -x). Not part of the default test run
+(about 2.5-3 hours on 2 shared cores in one go). Results: docs/testing.md, "The mutation check".
 """
 
 from __future__ import annotations
