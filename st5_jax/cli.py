@@ -30,6 +30,7 @@ COMMANDS = {
     "export": "export",
     "aot": "aot",
     "bench": "bench",
+    "sweep": "sweep",
 }
 
 USER_ERROR_EXIT = 2
