@@ -1,6 +1,17 @@
 #!/usr/bin/env bash
-# GPU train-step benchmark: `st5 bench` of T5.1.1 Base and Large, bf16, and MFU against the
-# device's dense bf16 peak (analytic model FLOPs of st5_jax/flops.py / step time / peak).
+# GPU benchmark. On a GPU, by default: benchmarks/gpu_compare.py, one run on that GPU of
+# st5_jax's train step and the PyTorch path (transformers' T5EncoderModel, or a torch-only T5
+# encoder without transformers) on the same shapes and model FLOPs, both sides' STS-B encode,
+# then the st5_jax A/B variants (scan + remat, batch 512/1024, XLA GPU flags, fused attention,
+# per-tower forward, host input) until ST5_GPU_BUDGET_S (default 450 s) is spent; one table
+# (examples/s, TFLOP/s, MFU, st5_jax/torch) and $ST5_GPU_OUT/gpu_compare.json. Arguments after
+# `--` go to gpu_compare.py (e.g. -- --torch_optimizer adafactor).
+#
+#     bash benchmarks/gpu.sh --jax-only            # the former run: `st5 bench` of each size only
+#     bash benchmarks/gpu.sh --compare --cpu-tiny  # gpu_compare.py --tiny on this CPU
+#
+# `--jax-only`: `st5 bench` of T5.1.1 Base and Large, bf16, and MFU against the device's dense
+# bf16 peak (analytic model FLOPs of st5_jax/flops.py / step time / peak).
 #
 # How to run it on a fresh GPU machine (Python 3.10+ and an NVIDIA driver; no jax; PyPI reachable),
 # from the repository root:
@@ -15,24 +26,35 @@
 #
 #     bash benchmarks/gpu.sh --cpu-tiny             # tiny shapes on this CPU (tests/test_benchmarks_speed.py)
 #
-# With no GPU (no nvidia-smi, or it lists none) the script switches to --cpu-tiny by itself.
+# With no GPU (no nvidia-smi, or it lists none) the script switches to --cpu-tiny by itself, and
+# --cpu-tiny is the `st5 bench` run of tiny sizes (tests/test_benchmarks_speed.py) unless --compare.
 # Knobs (environment): ST5_GPU_SIZES (default "t5_1_1_base t5_1_1_large"), ST5_GPU_BATCH (256),
 # ST5_GPU_LENGTH (128), ST5_GPU_STEPS (10), ST5_GPU_NEGATIVES (1: one hard-negative tower, stage 2),
 # ST5_GPU_OUT (figures folder, default benchmarks/gpu_results). ST5_GPU_PEAK_TFLOPS overrides the
 # peak table below (TFLOP/s, dense bf16) for a GPU it does not know.
-# Output: one JSON per size from `st5 bench --json` in $ST5_GPU_OUT, and a table on stdout.
+# ST5_GPU_BUDGET_S (450): the compare run's wall-clock budget (it must end within 8 minutes on a
+# lent GPU). The compare run needs torch (with CUDA) for its PyTorch side, and uses transformers
+# if present; without torch it measures st5_jax alone (ST5_GPU_INSTALL does not install torch).
+# Output: the compare run's table and gpu_compare.json; with --jax-only, one JSON per size from
+# `st5 bench --json` in $ST5_GPU_OUT, and a table on stdout.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 
 TINY=0
-for arg in "$@"; do
-  case "$arg" in
+MODE=auto  # auto: compare on a GPU, `st5 bench` only in --cpu-tiny; compare; jax-only
+COMPARE_ARGS=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
     --cpu-tiny) TINY=1 ;;
-    -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}"; exit 0 ;;
-    *) echo "gpu.sh: unknown argument $arg (known: --cpu-tiny, --help)" >&2; exit 2 ;;
+    --compare) MODE=compare ;;
+    --jax-only) MODE=jax-only ;;
+    --) shift; COMPARE_ARGS=("$@"); break ;;
+    -h|--help) sed -n '2,39p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    *) echo "gpu.sh: unknown argument $1 (known: --cpu-tiny, --compare, --jax-only, --help, -- ARGS)" >&2; exit 2 ;;
   esac
+  shift
 done
 
 GPU_NAME=""
@@ -65,6 +87,23 @@ fi
 
 OUT="${ST5_GPU_OUT:-benchmarks/gpu_results}"
 mkdir -p "$OUT"
+
+if [[ $MODE == compare || ( $MODE == auto && $TINY == 0 ) ]]; then
+  ARGS=(--json "$OUT/gpu_compare.json")
+  if [[ $TINY == 1 ]]; then
+    export JAX_PLATFORMS=cpu
+    ARGS+=(--tiny)
+  else
+    # Both sizes on both sides first, then the A/B variants of the first size while the budget lasts.
+    ARGS+=(--ab --budget_s "${ST5_GPU_BUDGET_S:-450}")
+    [[ -n "${ST5_GPU_SIZES:-}" ]] && ARGS+=(--sizes "$(echo "$ST5_GPU_SIZES" | tr ' ' ',')")
+    [[ -n "${ST5_GPU_BATCH:-}" ]] && ARGS+=(--batch "$ST5_GPU_BATCH")
+    [[ -n "${ST5_GPU_LENGTH:-}" ]] && ARGS+=(--length "$ST5_GPU_LENGTH")
+    [[ -n "${ST5_GPU_STEPS:-}" ]] && ARGS+=(--steps "$ST5_GPU_STEPS")
+  fi
+  echo "# device: ${GPU_NAME:-cpu (tiny shapes)}; python: $PY; benchmarks/gpu_compare.py ${ARGS[*]} ${COMPARE_ARGS[*]:-}"
+  exec "$PY" benchmarks/gpu_compare.py "${ARGS[@]}" "${COMPARE_ARGS[@]}"
+fi
 NEG_FLAG=""
 [[ "${ST5_GPU_NEGATIVES:-1}" == 1 ]] && NEG_FLAG="--negatives"
 
