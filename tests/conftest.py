@@ -96,3 +96,34 @@ def fresh_compiles():
   yield
   jax.config.update("jax_enable_compilation_cache", before)
   compilation_cache.reset_cache()
+
+
+# The longest tests first (from `--durations` of CI runs, longest first): xdist hands tests
+# out in collection order, so a long test collected late would run alone at the end.
+LONGEST_FIRST = (
+    "test_gin_and_launch.py::test_large_runs_fit_their_tpu_slice",
+    "test_data_seqio_pod.py::",
+    "test_pod_rehearsal.py::",
+    "test_beam_cache.py::test_training_from_a_beam_cache_sigtermed",
+    "test_objectives_contract.py::test_it_compiles_for_a_tpu_topology",
+    "test_train.py::test_sigterm_saves_and_resume_is_exact",
+    "test_objectives_contract.py::test_it_saves_restores_continues_and_exports_its_tower",
+    "test_faults_kill_multihost.py::",
+    "test_consert_gin.py::test_consert_recipes_train_end_to_end",
+    "test_consert.py::test_nt_xent_is_over_the_global_batch_across_two_processes",
+    "test_multihost.py::",
+    "test_seed_encoder.py::test_weak_decoder_reconstructs",
+    "test_faults_kill.py::",
+)
+
+
+def _longest_first_rank(nodeid: str) -> int:
+  for rank, pattern in enumerate(LONGEST_FIRST):
+    if pattern in nodeid:
+      return rank
+  return len(LONGEST_FIRST)
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  items.sort(key=lambda item: _longest_first_rank(item.nodeid))  # stable: the rest keep their order

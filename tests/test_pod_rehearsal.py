@@ -9,10 +9,10 @@ init_from, eval outputs, export) is on the emulated bucket:
   0. the stage-1 QA pairs (users' TSV on gs://) cached by the Beam pipeline (DirectRunner)
      into gs:// with `st5 data cache --gin_file rehearsal/stage1.gin --runner DirectRunner`;
   1. stage 1 from that cache (each process its own shards) with periodic STS-B dev
-     evaluation reading gs:// data;
+     evaluation reading gs:// data, the best evaluated parameters kept in WORKDIR/best;
   2. SIGTERM to the launcher (forwarded to both workers) mid-run, rerun: parameters
-     identical to an uninterrupted run (the cache resumed by shard counts);
-  3. stage 2 (NLI triples) with run.init_from = the stage-1 work dir on gs://;
+     identical to an uninterrupted run (the cache resumed by shard counts), the same best;
+  3. stage 2 (NLI triples) with run.init_from = the stage-1 work dir on gs:// (its best);
   4. `st5 eval` and `st5 export` of gs://.../stage2, writing to gs://;
   5. the SavedModel loaded from gs:// equals SentenceEncoder.load(gs://.../stage2).
 """
@@ -127,6 +127,10 @@ def test_pod_rehearsal_two_stages_on_gcs(gcs, data_dir, tmp_path):
   evals = {r["step"]: r["eval/stsb_dev_spearman"] for r in rows if "eval/stsb_dev_spearman" in r}
   assert sorted(evals) == [0, 20, STAGE1_STEPS]  # before, periodic, after: STS-B dev read from gs://
   assert all(np.isfinite(v) for v in evals.values())
+  # Early stopping on 2 processes keeps the best of the evaluations after training began (ties: the first).
+  best_step = max((20, STAGE1_STEPS), key=lambda s: (evals[s], -s))
+  assert summary["early_stopping"]["best_step"] == best_step
+  assert native.committed_steps(f"{ref}/best") == [best_step]
   assert paths.exists(f"{ref}/tensorboard")
   assert f"DataConfig.cache_dir = '{cache_url}'" in paths.read_text(f"{ref}/operative_config.gin")
 
@@ -148,6 +152,13 @@ def test_pod_rehearsal_two_stages_on_gcs(gcs, data_dir, tmp_path):
   assert p_ref.keys() == p_res.keys()
   for k in p_ref:
     np.testing.assert_array_equal(p_res[k], p_ref[k], err_msg=k)
+  # The best kept across the SIGTERM: the same step, the same parameters, the same summary.
+  resumed = json.loads(paths.read_text(f"{stage1}/results.json"))["early_stopping"]
+  assert resumed == summary["early_stopping"]
+  (b_ref, pb_ref), (b_res, pb_res) = _params(f"{ref}/best"), _params(f"{stage1}/best")
+  assert b_ref == b_res == best_step
+  for k in pb_ref:
+    np.testing.assert_array_equal(pb_res[k], pb_ref[k], err_msg=k)
 
   # 3. Stage 2 from the stage-1 work dir on gs://.
   stage2 = gcs.url("stage2")
@@ -155,9 +166,10 @@ def test_pod_rehearsal_two_stages_on_gcs(gcs, data_dir, tmp_path):
   summary2 = json.loads(paths.read_text(f"{stage2}/results.json"))
   assert summary2["init_from"] == stage1 and summary2["last_step"] == 20
   _, p2 = _params(stage2)
-  assert not np.array_equal(p2["projection_layer/kernel"], p_res["projection_layer/kernel"])
-  # Initialised from stage 1: the token table of a tiny 20-step run stays close to it.
-  assert np.corrcoef(p2["token_embedder/embedding"].ravel(), p_res["token_embedder/embedding"].ravel())[0, 1] > 0.9
+  assert not np.array_equal(p2["projection_layer/kernel"], pb_res["projection_layer/kernel"])
+  # Initialised from stage 1's best (`init_from` of a work dir with one): the token table of a tiny
+  # 20-step run stays close to it.
+  assert np.corrcoef(p2["token_embedder/embedding"].ravel(), pb_res["token_embedder/embedding"].ravel())[0, 1] > 0.9
 
   # 4. Evaluation and export read gs://.../stage2 and write to gs://.
   st5 = [sys.executable, "-m", "st5_jax.cli"]
