@@ -178,10 +178,9 @@ def jax_worker(spec: dict) -> dict:
   import flax
   import jax
   import jaxlib
-  import numpy as np
   import optax
 
-  from st5_jax import partitioning, train, vocab, paths
+  from st5_jax import partitioning, paths, train, vocab
   from st5_jax.encoder import SentenceEncoder
   from st5_jax.model import t5 as t5_model
   from st5_jax.objectives import contrastive
@@ -208,7 +207,9 @@ def jax_worker(spec: dict) -> dict:
          "xla_flags": os.environ.get("XLA_FLAGS", ""), "backend": jax.default_backend(),
          "device": jax.devices()[0].device_kind, "devices": jax.device_count(),
          "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
-                      "optax": optax.__version__},
+                      "optax": optax.__version__,
+                      # e.g. the CUDA version XLA runs on; "cpu" on a CPU (then left out of the table)
+                      "xla_platform": jax.devices()[0].client.platform_version},
          "step_flops": step_flops, "flops_per_example": step_flops / batch_size}
   with jax.set_mesh(mesh):
     state = train.init_state(setup, model, seed=0, init_params=init)
@@ -730,8 +731,14 @@ def main(argv=None) -> int:
       if args.parallel:
         continue
       results.append(collect(*running.pop(), budget_left=left, walls=walls))
-    for item in running:
-      results.append(collect(*item, budget_left=cfg["budget_s"] - (time.perf_counter() - t_start), walls=walls))
+    while running:  # --parallel: collect each as it ends, so its wall time is its own
+      done = [item for item in running if item[3][0].poll() is not None]
+      if not done and time.perf_counter() - t_start < cfg["budget_s"]:
+        time.sleep(0.2)
+        continue
+      for item in done or running:
+        running.remove(item)
+        results.append(collect(*item, budget_left=cfg["budget_s"] - (time.perf_counter() - t_start), walls=walls))
 
   # Device, versions, peak.
   jax_ok = [r for r in results if r["side"] == "st5_jax" and "error" not in r]
@@ -741,7 +748,7 @@ def main(argv=None) -> int:
   peak, peak_source = peak_flops(device, backend)
   versions = {"python": sys.version.split()[0]}
   if jax_ok:
-    versions.update(jax_ok[0]["versions"])
+    versions.update({k: v for k, v in jax_ok[0]["versions"].items() if v and v != "cpu"})
   if torch_ok:
     versions.update({k: v for k, v in torch_ok[0]["versions"].items() if v is not None})
   if gpu.get("driver"):
@@ -796,9 +803,9 @@ def main(argv=None) -> int:
         f"{', '.join(TORCH_IMPL_NAMES[i] for i in result['torch_impl']) if result['torch_impl'] else 'not run'}")
   print("# per s: examples/s (train) or sentences/s (encode); GFLOP/ex: model FLOPs per example or sentence")
   print(table(result))
-  if same_weights:  # same weights and batch (f32): the first-step losses agree when both sides compute the same model
-    losses = [f"{r['label']} {r['first_loss']:.5f}" for r in rows if r["part"] == "train" and "first_loss" in r
-              and (r["side"] == "torch" or r.get("variant") == "base")]
+  losses = [f"{r['label']} {r['first_loss']:.5f}" for r in rows if r["part"] == "train" and "first_loss" in r
+            and (r["side"] == "torch" or r.get("variant") == "base")]
+  if same_weights and losses:  # same weights and batch (f32): equal first-step losses, one model on both sides
     print("# same initial weights, first-step loss: " + "; ".join(losses))
   if skipped:
     print("# skipped (budget): " + ", ".join(f"{s['kind']} {s['size']} {s['variant'] or ''}".strip() for s in skipped))

@@ -101,6 +101,22 @@ def test_torch_only_encoder_matches_transformers(size):
   assert mod.torch_model_t5_config(ours) == mod.torch_model_t5_config(ref)
 
 
+def test_torch_side_falls_back_without_transformers(monkeypatch):
+  # A bare image: torch but no transformers. The torch side must still run, and say what it ran.
+  torch = pytest.importorskip("torch")
+  mod = _module()
+  monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
+  threads = torch.get_num_threads()
+  try:
+    res = mod.torch_worker(dict(size="t5_1_1_tiny", batch=4, length=8, projection=16, steps=2, time_s=0.5,
+                                dtype="float32", sentences=8, same_weights=False, torch_impl="auto",
+                                torch_compile="off", torch_optimizer="adamw", torch_threads=1, encode=False))
+  finally:
+    torch.set_num_threads(threads)
+  assert res["impl"] == "torch_only" and res["versions"]["transformers"] is None
+  assert res["examples_per_s"] > 0 and np.isfinite(res["first_loss"])
+
+
 def test_fused_attention_matches_default():
   import jax
   import jax.numpy as jnp
