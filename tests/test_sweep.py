@@ -339,6 +339,15 @@ def test_command_line_builds_the_plan_and_passes_its_options(tmp_path, base_gin,
                    "--out", out, "--report_only"]) == 0
   assert "| first | 0/2 | - |" in capsys.readouterr().out
   assert not os.path.exists(os.path.join(out, "runs"))
+  # --gin_search_path: where an arm's `include` is found.
+  (tmp_path / "inc").mkdir()
+  (tmp_path / "inc" / "extra.gin").write_text("TrainConfig.log_every = 9\n")
+  arms.write_text("[x]\ninclude 'extra.gin'\n")
+  argv = ["sweep", "--gin_file", base_gin, "--arms", str(arms), "--seeds", "1", "--tasks", "STS12", "--out", out,
+          "--report_only"]
+  assert cli.main(argv) == 2 and "extra.gin" in capsys.readouterr().err
+  assert cli.main(argv + ["--gin_search_path", str(tmp_path / "inc")]) == 0
+  assert gin.query_parameter("TrainConfig.log_every") == 9
 
 
 # ------------------------------------------------------------------------------ end to end
