@@ -418,5 +418,8 @@ def test_tiny_sweep_end_to_end_then_killed_and_rerun_gives_the_same_summary(tmp_
   assert cli.main(_sweep_argv(base_gin, str(arms), killed)) == 0
   err = capsys.readouterr().err
   assert "3 finished; this launch: 1 to run of 4" in err and "mean/seed1 (key" in err and "resuming" in err
+  # Resumed from step 3, not retrained: steps 1-3 logged before the kill, step 4 after.
+  rows = [json.loads(line) for line in (wd / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3, 4]
   assert (killed / "summary.csv").read_text() == (straight / "summary.csv").read_text()
   assert (killed / "summary.md").read_text() == md
