@@ -335,7 +335,8 @@ def markdown(rows: Sequence[dict], arms: Sequence[str], tasks: Sequence[str], *,
     n = max(by[(arm, t)]["n"] for t in tasks) if tasks else 0
     name = f"**{arm}**" if arm == selected else arm
     lines.append(f"| {name} | {n}/{seeds} | " + " | ".join(_cell(by[(arm, t)], n) for t in tasks) + " |")
-  lines += ["", "## Runs", "", "| arm | seed | key | " + " | ".join(tasks) + " |", "|---|---:|---|" + "---:|" * len(tasks)]
+  lines += ["", "## Runs", "", "| arm | seed | key | " + " | ".join(tasks) + " |",
+            "|---|---:|---|" + "---:|" * len(tasks)]
   for r in runs:
     vals = r.get("values") or {}
     lines.append(f"| {r['arm']} | {r['seed']} | `{r['key']}` | " + " | ".join(

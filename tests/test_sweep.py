@@ -14,7 +14,6 @@ import pytest
 
 import synthetic
 from st5_jax import cli, hooks, sweep
-from st5_jax.commands import sweep as sweep_cmd
 
 # The trainer's data for these runs: synthetic pairs (no tf.data), bound by gin.
 gin.external_configurable(synthetic.factory, "sweep_test_pairs")
@@ -309,7 +308,8 @@ def test_command_line_builds_the_plan_and_passes_its_options(tmp_path, base_gin,
   monkeypatch.setattr(sweep, "run_sweep", fake_run_sweep)
   argv = ["sweep", "--gin_file", base_gin, "--arms", str(arms), "--grid", "OptimizerConfig.learning_rate=1e-2,1e-3",
           "--seeds", "3", "--tasks", "STS12,sts13", "--select", "dev", "--out", str(tmp_path / "o"),
-          "--only", "mean+learning_rate=1e-3,first+learning_rate=1e-2", "--seed_index", "2", "--max_runs", "5", "--data_dir", "dd",
+          "--only", "mean+learning_rate=1e-3,first+learning_rate=1e-2", "--seed_index", "2", "--max_runs", "5",
+          "--data_dir", "dd",
           "--kfold", "4", "--batch_size", "32", "--checkpoint", "latest", "--no_progress",
           "--gin.TrainConfig.num_train_steps=4"]
   assert cli.main(argv) == 0
