@@ -101,7 +101,7 @@ def one_line(exc: BaseException) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = _Parser(prog="st5", description="Sentence-T5 in JAX: encode, data, train, eval, export, aot, bench.",
+  parser = _Parser(prog="st5", description="Sentence-T5 in JAX: encode, data, train, eval, sweep, export, aot, bench.",
                    epilog="Errors print one line and exit 2; --debug (anywhere) shows their traceback.")
   parser.add_argument("--debug", action="store_true", help="Show tracebacks of user errors too.")
   sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
