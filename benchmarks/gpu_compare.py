@@ -576,8 +576,9 @@ def finish_worker(handle, *, timeout_s: float) -> dict:
   return res
 
 
-def collect(kind, size, variant, handle, *, budget_left: float, walls: dict) -> dict:
+def collect(kind, size, variant, handle, order, *, budget_left: float, walls: dict) -> dict:
   res = finish_worker(handle, timeout_s=budget_left)
+  res["plan_index"] = order
   res.setdefault("side", "st5_jax" if kind == "jax" else "torch")
   res.setdefault("size", size)
   res.setdefault("variant" if kind == "jax" else "impl", variant)
@@ -709,7 +710,7 @@ def main(argv=None) -> int:
   results, skipped, walls = [], [], {}
   with tempfile.TemporaryDirectory(prefix="st5_gpu_compare_") as tmp:
     running = []
-    for kind, size, variant, encode in plan:
+    for order, (kind, size, variant, encode) in enumerate(plan):
       left = cfg["budget_s"] - (time.perf_counter() - t_start)
       est = walls.get((kind, size), 0.0)
       if left < max(est, 5.0):
@@ -727,7 +728,7 @@ def main(argv=None) -> int:
         spec.update(torch_impl=variant, torch_compile=args.torch_compile, torch_optimizer=args.torch_optimizer,
                     count_flops=args.count_flops, torch_threads=torch_threads)
         env = dict(torch_env)
-      running.append((kind, size, variant, start_worker(kind, spec, env_extra=env, workdir=pathlib.Path(tmp))))
+      running.append((kind, size, variant, start_worker(kind, spec, env_extra=env, workdir=pathlib.Path(tmp)), order))
       if args.parallel:
         continue
       results.append(collect(*running.pop(), budget_left=left, walls=walls))
@@ -739,6 +740,7 @@ def main(argv=None) -> int:
       for item in done or running:
         running.remove(item)
         results.append(collect(*item, budget_left=cfg["budget_s"] - (time.perf_counter() - t_start), walls=walls))
+    results.sort(key=lambda r: r["plan_index"])  # rows in plan order, however the workers ended
 
   # Device, versions, peak.
   jax_ok = [r for r in results if r["side"] == "st5_jax" and "error" not in r]
