@@ -606,16 +606,17 @@ def fmt_rate(x) -> str:
 def table(result: dict) -> str:
   """The one table: a row per (size, part, side/variant)."""
   peak = result["peak_flops"]
-  head = (f"{'size':<14} {'part':<7} {'side':<44} {'per s':>11} {'TFLOP/s':>9} {'MFU':>7} "
+  w = max([len(r["label"]) for r in result["rows"]] + [20])
+  head = (f"{'size':<14} {'part':<7} {'side':<{w}} {'per s':>11} {'TFLOP/s':>9} {'MFU':>7} "
           f"{'GFLOP/ex':>10} {'st5_jax/torch':>13}")
   lines = [head, "-" * len(head)]
   for r in result["rows"]:
     if "error" in r:
-      lines.append(f"{r['size']:<14} {r['part']:<7} {r['label']:<44} {r['error'][:120]}")
+      lines.append(f"{r['size']:<14} {r['part']:<7} {r['label']:<{w}} {r['error'][:120]}")
       continue
     mfu = f"{r['flops_per_s'] / peak:7.1%}" if peak else f"{'n/a':>7}"
     ratio = f"{r['ratio']:13.2f}" if r.get("ratio") is not None else f"{'-':>13}"
-    lines.append(f"{r['size']:<14} {r['part']:<7} {r['label']:<44} {fmt_rate(r['per_s']):>11} "
+    lines.append(f"{r['size']:<14} {r['part']:<7} {r['label']:<{w}} {fmt_rate(r['per_s']):>11} "
                  f"{r['flops_per_s'] / 1e12:9.4f} {mfu} {r['flops_per_item'] / 1e9:10.4f} {ratio}")
   return "\n".join(lines)
 
@@ -802,7 +803,8 @@ def main(argv=None) -> int:
   print("# versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
   print(f"# batch {cfg['batch']}, length {cfg['length']}, 3 towers (query, positive, hard negative), projection "
         f"{cfg['projection']}, {cfg['dtype']}; encode: STS-B test sentences; torch side: "
-        f"{', '.join(TORCH_IMPL_NAMES[i] for i in result['torch_impl']) if result['torch_impl'] else 'not run'}")
+        f"{', '.join(TORCH_IMPL_NAMES[i] for i in result['torch_impl']) if result['torch_impl'] else 'not run'}"
+        + (f", torch.set_num_threads({torch_threads})" if torch_threads and result["torch_impl"] else ""))
   print("# per s: examples/s (train) or sentences/s (encode); GFLOP/ex: model FLOPs per example or sentence")
   print(table(result))
   losses = [f"{r['label']} {r['first_loss']:.5f}" for r in rows if r["part"] == "train" and "first_loss" in r
