@@ -71,6 +71,7 @@ _TF_ONLY_SCRIPT = textwrap.dedent("""
           "outputs": {k: [v.shape.as_list(), v.dtype.name] for k, v in sig.structured_outputs.items()},
           "empty": model(tf.constant([], tf.string))[0].shape.as_list(),
           "variables": len(model.variables), "trainable": len(model.trainable_variables),
+          "trainable_flags": sum(bool(v.trainable) for v in model.variables),
           "vocab_asset": model.vocab_file.asset_path.numpy().decode(),
       }
     report["jax_imported"] = any(m == "jax" or m.startswith("jax.") for m in sys.modules)
@@ -209,6 +210,7 @@ def test_tf_hub_interface(exported, tf_only):
     assert r["outputs"] == {"outputs": [[None, cfg.output_dim], "float32"]}
     assert r["empty"] == [0, cfg.output_dim]
     assert r["variables"] == len(tree.flatten(params)) and r["trainable"] == 0
+    assert r["trainable_flags"] == 0  # frozen weights: a GradientTape does not watch them by itself
     assert r["vocab_asset"].endswith("assets/spiece.model")
 
 
