@@ -14,9 +14,10 @@ ST5_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ST5_EXTRAS="${ST5_EXTRAS:-}"
 PYTHON="${PYTHON:-python3}"
 
-if [ ! -x "$ST5_ROOT/.venv/bin/python" ]; then
+# A venv whose creation was interrupted has a python but no activate script: create it again.
+if [ ! -x "$ST5_ROOT/.venv/bin/python" ] || [ ! -f "$ST5_ROOT/.venv/bin/activate" ]; then
   echo "[setup] creating $ST5_ROOT/.venv" >&2
-  "$PYTHON" -m venv "$ST5_ROOT/.venv"
+  "$PYTHON" -m venv --clear "$ST5_ROOT/.venv"
 fi
 # shellcheck disable=SC1091
 source "$ST5_ROOT/.venv/bin/activate"
