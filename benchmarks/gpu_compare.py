@@ -132,13 +132,9 @@ def random_host_batch(batch: int, length: int, seed: int = 0) -> dict:
   import numpy as np
 
   from st5_jax import features
-  rng = np.random.default_rng(seed)
-  out = {}
-  for k in (features.LEFT, features.RIGHT, features.RIGHT_NEG):
-    v = rng.integers(3, 32000, size=(batch, length)).astype(np.int32)
-    v[:, -1] = 1
-    out[k] = v
-  return out
+  from st5_jax.commands import bench
+  return bench.token_batch(batch, length, (features.LEFT, features.RIGHT, features.RIGHT_NEG),
+                           np.random.default_rng(seed))
 
 
 def init_numpy_params(config, seed: int = 0):

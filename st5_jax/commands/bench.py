@@ -60,6 +60,14 @@ def _minor_faults() -> float:
   return float(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
 
 
+def token_batch(batch: int, length: int, sides, rng) -> dict:
+  """Random token rows per tower from a NumPy Generator, EOS-terminated, no padding (the benchmarks' batches)."""
+  host = {k: rng.integers(3, 32000, size=(batch, length)).astype("int32") for k in sides}
+  for v in host.values():
+    v[:, -1] = 1
+  return host
+
+
 def run(args: argparse.Namespace) -> int:
   # JAX, NumPy and the trainer here, not at the top: `st5 --help` imports every command module.
   import jax
@@ -81,9 +89,7 @@ def run(args: argparse.Namespace) -> int:
   setup = train.build(model, tc, mesh)
   rng = np.random.default_rng(0)
   sides = [features.LEFT, features.RIGHT] + ([features.RIGHT_NEG] if args.negatives else [])
-  host = {k: rng.integers(3, 32000, size=(args.batch, args.length)).astype(np.int32) for k in sides}
-  for v in host.values():
-    v[:, -1] = 1
+  host = token_batch(args.batch, args.length, sides, rng)
   batch = {k: jax.device_put(v, partitioning.batch_sharding(mesh)) for k, v in host.items()}
   lengths = {"inputs": args.length, "targets": args.length}
   if args.negatives:
