@@ -89,18 +89,25 @@ def test_full_disk_during_a_save_is_named_and_resumable(tmp_path):
   assert "12" in names and not [n for n in names if "orbax-checkpoint-tmp" in n]
 
 
-def _closed_loop_unraisable(obj=None, message="Event loop is closed"):
-  """What tensorstore hands `sys.unraisablehook` when a write finishes after orbax closed its loop."""
-  loop = asyncio.new_event_loop()
-  loop.close()
+def _unraisable(fail, obj=None):
+  """What `sys.unraisablehook` is handed when native code's call to `fail` raises a RuntimeError."""
   try:
-    if message == "Event loop is closed":
-      loop.call_soon_threadsafe(print)
-    else:
-      raise RuntimeError(message)
+    fail()
   except RuntimeError as e:
     return types.SimpleNamespace(exc_type=type(e), exc_value=e, exc_traceback=e.__traceback__, err_msg=None,
                                  object=obj)
+  raise AssertionError(f"{fail} did not raise")
+
+
+def _call_into_closed_loop():
+  """What tensorstore does when a write finishes after orbax closed its loop."""
+  loop = asyncio.new_event_loop()
+  loop.close()
+  loop.call_soon_threadsafe(print)
+
+
+def _raise(message):
+  raise RuntimeError(message)
 
 
 def test_callbacks_into_a_closed_loop_are_dropped_and_counted_the_rest_passed_on(monkeypatch):
@@ -115,14 +122,13 @@ def test_callbacks_into_a_closed_loop_are_dropped_and_counted_the_rest_passed_on
   hook = sys.unraisablehook
   assert hook.previous == passed.append
   assert [len(logging.getLogger(n).filters) for n in ("absl", "asyncio")] == [1, 1]
-  hook(_closed_loop_unraisable())
-  hook(_closed_loop_unraisable())
+  hook(_unraisable(_call_into_closed_loop))
+  hook(_unraisable(_call_into_closed_loop))
   assert hook.dropped == 2 and passed == []
   # Not from asyncio's closed-loop check, or about an object: the user sees it as before.
-  other = _closed_loop_unraisable(message="Event loop is closed but raised elsewhere")
-  other.exc_value = RuntimeError("Event loop is closed")
-  with_object = _closed_loop_unraisable(obj=object())
-  different = _closed_loop_unraisable(message="something else")
+  other = _unraisable(lambda: _raise("Event loop is closed"))
+  with_object = _unraisable(_call_into_closed_loop, obj=object())
+  different = _unraisable(lambda: _raise("something else"))
   for unraisable in (other, with_object, different):
     hook(unraisable)
   assert passed == [other, with_object, different] and hook.dropped == 2

@@ -80,8 +80,8 @@ def is_callback_into_closed_loop(unraisable) -> bool:
     return False
   while tb is not None and tb.tb_next is not None:
     tb = tb.tb_next
-  return (tb is not None and tb.tb_frame.f_code.co_name == "_check_closed"
-          and pathlib.PurePath(tb.tb_frame.f_code.co_filename).match("asyncio/base_events.py"))
+  # asyncio raises this message only from BaseEventLoop._check_closed.
+  return tb is not None and pathlib.PurePath(tb.tb_frame.f_code.co_filename).match("asyncio/base_events.py")
 
 
 class _QuietClosedLoopCallbacks:
