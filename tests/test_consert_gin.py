@@ -387,3 +387,27 @@ def test_consert_recipes_train_end_to_end_from_the_gin_files(tmp_path):
   # The continuation has no NLI head (the loader dropped the joint model's) and saved step 3.
   assert "nli_classes" not in json.loads((unsup_dir / "st5_config.json").read_text())
   assert (unsup_dir / "checkpoints" / "3").is_dir()
+
+
+@pytest.mark.parametrize("name, lr, overrides", [
+    ("consert_unsup_base.gin", 5e-7, ["--gin.TASK_FEATURE_LENGTHS={'inputs': 16}"]),
+    # The joint file's SNLI+MNLI train pairs are not on this machine: the public dev/test pairs instead.
+    ("consert_joint_base.gin", 2e-5, ["--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 12}",
+                                      "--gin.DataConfig.task='consert_snli_devtest_pairs'",
+                                      "--gin.DataConfig.split='all'"]),
+])
+def test_consert_files_train_with_their_adamw_and_warmup(tmp_path, name, lr, overrides):
+  # The Base file's optimiser as written (AdamW, the script's rate, 10% linear warm-up, then
+  # linear decay); only the model, batch, steps, the start (no public checkpoint here) and
+  # the evaluation are shrunk.
+  steps = 10
+  rows = _st5_train(name, tmp_path / "wd", f"--gin.TrainConfig.num_train_steps={steps}",
+                    f"--gin.TrainConfig.checkpoint_every={steps}", "--gin.TrainConfig.early_stopping=None",
+                    "--gin.run.init_from=None", *overrides)
+  assert json.loads((tmp_path / "wd" / "train_config.json").read_text())["optimizer"]["name"] == "adamw"
+  assert [r["step"] for r in rows] == list(range(1, steps + 1))
+  assert all(np.isfinite(r["train/loss"]) for r in rows)
+  # sentence-transformers' WarmupLinear at the step each update used: int(0.1 * 10) = 1 warm-up step.
+  warmup = 1
+  expected = [lr * (s / warmup if s < warmup else (steps - s) / (steps - warmup)) for s in range(steps)]
+  np.testing.assert_allclose([r["train/learning_rate"] for r in rows], expected, rtol=1e-6, atol=1e-15)
