@@ -2,7 +2,7 @@
 
 A real small file system, not an injected error: the trainer runs in a private mount
 namespace (`unshare --user --map-root-user --mount`, no root needed where unprivileged user
-namespaces are on) on a 2.4 MiB tmpfs, so orbax/tensorstore, tensorboardX and the metrics file
+namespaces are on) on a 2.1 MiB tmpfs, so orbax/tensorstore, tensorboardX and the metrics file
 meet a real ENOSPC wherever they happen to write. Then the tmpfs is grown (`remount,size=`:
 space is back) and the same command is rerun.
 """
@@ -26,7 +26,10 @@ from test_faults_kill import GIN, WORKER
 
 SCRIPT = """
 set -u
-mount -t tmpfs -o size=2400k tmpfs {disk}
+# 2150 KiB: the work dir's vocabulary copy (776 KiB) and two checkpoints (516-560 KiB each,
+# compressed, so their size varies with the step) fit with ~200 KiB to spare; a third does not
+# (at 2400 KiB it sometimes did: the size was at the edge).
+mount -t tmpfs -o size=2150k tmpfs {disk}
 {python} {worker} train --gin_file {gin} --workdir {disk}/wd --no_progress 2> {out}/first.err
 echo $? > {out}/first.rc
 ls {disk}/wd/checkpoints > {out}/after_first.ls
@@ -69,12 +72,14 @@ def test_full_disk_during_a_save_is_named_and_resumable(tmp_path):
   line = next(l for l in err.splitlines() if l.startswith("st5 train: error: Cannot write to the work dir"))
   assert int((out / "first.rc").read_text()) == 2, err[-3000:]
   assert f"Cannot write to the work dir {disk}/wd: no space left on device (" in line, line
-  assert "free of 2.3 MiB on its file system" in line, line
+  assert "free of 2.1 MiB on its file system" in line, line
   # And that line is all the user is told: no library tracebacks, no second copy of the error
   # (TensorFlow's start-up lines and the run's own INFO progress lines aside; before, orbax's and
   # asyncio's background tasks logged 585 lines of ERROR tracebacks here).
+  # TensorFlow's start-up lines are absl INFO lines ("I0000 ..."; which ones depends on the CPU:
+  # oneDNN's notice appears on AVX-512 hosts); an error or warning a library logs is not.
   lines = [l for l in err.splitlines() if l.strip() and "absl::InitializeLog" not in l
-           and "cudart_stub" not in l and " INFO st5_jax." not in l]
+           and not l.startswith("I0000 ") and " INFO st5_jax." not in l]
   assert "Traceback" not in err and lines == [line], "\n".join(lines[:40])
   committed = sorted(int(n) for n in (out / "after_first.ls").read_text().split() if n.isdigit())
   assert committed and f"Committed checkpoints are intact (steps {committed})" in line, line
