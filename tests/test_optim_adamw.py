@@ -1,6 +1,8 @@
 """AdamW with linear warm-up and decay (optim.AdamWConfig) against PyTorch's AdamW + transformers' schedule,
 and on a sharded mesh through the trainer."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -89,9 +91,15 @@ def _steps(mesh, config):
   return setup, state, jax.device_get(metrics)
 
 
+# For the sharded-vs-one-device comparison: with eps = 1e-4, gradients near eps in size turn the
+# reduction-order noise of sharded sums into update differences of up to 8e-4 on an AVX-512 host
+# (the first steps are sign-like: d/dg g/(|g|+eps) reaches 1/eps); with 1e-3 the largest is 4e-7.
+SHARDED_CFG = dataclasses.replace(CFG, eps=1e-3)
+
+
 def test_adamw_in_the_trainer_shards_its_moments_like_the_parameters():
   mesh = partitioning.make_mesh(partitioning.MeshConfig(2, 2, 2))
-  setup, state, metrics = _steps(mesh, CFG)
+  setup, state, metrics = _steps(mesh, SHARDED_CFG)
   assert float(metrics["learning_rate"]) == pytest.approx(float(optim.warmup_linear_schedule(
       learning_rate=CFG.learning_rate, num_train_steps=4, warmup_fraction=CFG.warmup_fraction)(2)))
   adam = next(s for s in jax.tree.leaves(state.opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
@@ -103,7 +111,7 @@ def test_adamw_in_the_trainer_shards_its_moments_like_the_parameters():
     assert mu[k].sharding.spec == nu[k].sharding.spec == params[k].sharding.spec, k
   # And the sharded steps equal one device's.
   one = partitioning.make_mesh(partitioning.MeshConfig(1, 1, 1), devices=jax.devices()[:1])
-  _, ref, _ = _steps(one, CFG)
+  _, ref, _ = _steps(one, SHARDED_CFG)
   got, want = tree.flatten(jax.device_get(state.params)), tree.flatten(jax.device_get(ref.params))
   for k in want:
     np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), atol=2e-5, rtol=1e-4, err_msg=k)
