@@ -102,7 +102,6 @@ def fresh_compiles():
 # out in collection order, so a long test collected late would run alone at the end.
 LONGEST_FIRST = (
     "test_gin_and_launch.py::test_large_runs_fit_their_tpu_slice",
-    "test_data_seqio_pod.py::",
     "test_pod_rehearsal.py::",
     "test_beam_cache.py::test_training_from_a_beam_cache_sigtermed",
     "test_objectives_contract.py::test_it_compiles_for_a_tpu_topology",

@@ -12,17 +12,27 @@ init_from, eval outputs, export) is on the emulated bucket:
      evaluation reading gs:// data, the best evaluated parameters kept in WORKDIR/best;
   2. SIGTERM to the launcher (forwarded to both workers) mid-run, rerun: parameters
      identical to an uninterrupted run (the cache resumed by shard counts), the same best;
-  3. stage 2 (NLI triples) with run.init_from = the stage-1 work dir on gs:// (its best);
+  3. stage 2 with run.init_from = the stage-1 work dir on gs:// (its best), on a user's seqio
+     tasks as a t5x user writes them: a module imported from the user's gin file registers a
+     TextLineDataSource over a TSV with custom preprocessors (parse, rekey, lower-case) and a
+     TfdsDataSource over a TFDS dataset built by `st5 data prepare --tfds` (both on the
+     workers' local disk: TensorFlow's filesystem cannot reach the emulator), mixed with the
+     NLI triples read from gs://; SIGTERM'd inside a dedup window and rerun, it ends with the
+     parameters of an uninterrupted stage 2, each process resuming from its own shard positions;
   4. `st5 eval` and `st5 export` of gs://.../stage2, writing to gs://;
   5. the SavedModel loaded from gs:// equals SentenceEncoder.load(gs://.../stage2).
+(Until 2026-12 step 3 was a separate 2-process test of its own, which compiled every program
+again: folded in here, the two scenarios share their launches and compiles.)
 """
 
+import csv
 import json
 import os
 import pathlib
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 
@@ -30,10 +40,69 @@ import numpy as np
 
 from st5_jax import paths
 from st5_jax.checkpoints import native, tree
+from st5_jax.data import iterator
+from st5_jax.data.offline import prepare
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TPU_RUN = str(REPO / "launch" / "tpu_run.sh")
 STAGE1_STEPS = 40
+STAGE2_STEPS = 20
+DEDUP_WINDOW = iterator.DEFAULT_DEDUP_WINDOW  # gin/runs/base.gin: DataConfig.dedup = True
+
+USER_MODULE = '''
+"""A user's tasks, as a t5x user writes them (imported by the gin file: `import acc_user_tasks`)."""
+import functools
+
+import seqio
+import tensorflow as tf
+
+import st5_jax.data.tasks  # registers st5_user_nli_triples, mixed in below
+from st5_jax.data.vocabulary import get_vocabulary
+
+TSV = {tsv!r}
+TFDS_DIR = {tfds_dir!r}
+KEYS = ("inputs", "targets", "negative_targets")
+
+
+@seqio.map_over_dataset
+def parse_tsv(line):
+  premise, entailed, contradicted = tf.io.decode_csv(line, record_defaults=["", "", ""], field_delim="\\t",
+                                                     use_quote_delim=False)
+  return {{"premise": premise, "entailed": entailed, "contradicted": contradicted}}
+
+
+def lowercase(ds):
+  return ds.map(lambda ex: {{k: tf.strings.lower(v, encoding="utf-8") for k, v in ex.items()}})
+
+
+def features():
+  return {{k: seqio.Feature(vocabulary=get_vocabulary(), add_eos=True) for k in KEYS}}
+
+
+STANDARD = [seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim]
+seqio.TaskRegistry.add(
+    "acc_nli_tsv", source=seqio.TextLineDataSource({{"train": TSV}}),
+    preprocessors=[parse_tsv, functools.partial(seqio.preprocessors.rekey, key_map=dict(zip(
+                       KEYS, ("premise", "entailed", "contradicted")))),
+                   lowercase, *STANDARD],
+    output_features=features(), shuffle_buffer_size=500)
+seqio.TaskRegistry.add(
+    "acc_nli_tfds", source=seqio.TfdsDataSource("st5_nli_triples/snli_devtest_triples:1.0.0",
+                                                tfds_data_dir=TFDS_DIR),
+    preprocessors=[functools.partial(seqio.preprocessors.rekey, key_map={{k: k for k in KEYS}}), *STANDARD],
+    output_features=features(), shuffle_buffer_size=500)
+# With the NLI triples the run's gin reads from gs:// (st5_user_nli_triples, not a seqio source).
+seqio.MixtureRegistry.add("acc_nli_mix", [("acc_nli_tsv", 1.0), ("acc_nli_tfds", 2.0), ("st5_user_nli_triples", 1.0)])
+'''
+
+USER_GIN = '''
+import acc_user_tasks
+
+include 'rehearsal/stage2.gin'
+
+DataConfig.task = 'acc_nli_mix'
+TrainConfig.num_train_steps = {steps}
+'''
 
 
 def _env(gcs, data_url):
@@ -86,6 +155,15 @@ def _run(env, gin, workdir, *overrides, expect=0):
   (LOG_DIR / f"{workdir.rsplit('/', 1)[-1]}-{time.time():.0f}.log").write_text(out.text())
   assert proc.returncode == expect, out.text()[-6000:]
   return out.text()
+
+
+def _data_state(url, step):
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  mngr = native.checkpoint_manager(url, read_only=True, item_handlers={"meta": ocp.JsonCheckpointHandler()})
+  try:
+    return mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]["data_state"]
+  finally:
+    mngr.close()
 
 
 def _params(url):
@@ -160,12 +238,59 @@ def test_pod_rehearsal_two_stages_on_gcs(gcs, data_dir, tmp_path):
   for k in pb_ref:
     np.testing.assert_array_equal(pb_res[k], pb_ref[k], err_msg=k)
 
-  # 3. Stage 2 from the stage-1 work dir on gs://.
+  # 3. Stage 2 from the stage-1 work dir on gs://, on the user's seqio tasks mixed with gs:// triples.
+  user = tmp_path / "user"
+  user.mkdir()
+  # The TSV: the "test" rows of the derived triples; the TFDS dataset's train split: the "dev" rows.
+  with open(data_dir / "nli" / "snli_devtest_triples_derived.csv", newline="", encoding="utf-8") as f:
+    triples = [(r["sent0"], r["sent1"], r["hard_neg"]) for r in csv.DictReader(f) if r["split"] == "test"]
+  assert len(triples) > 1000
+  (user / "triples.tsv").write_text("".join("\t".join(t) + "\n" for t in triples), encoding="utf-8")
+  report = prepare.prepare(out_dir=str(tmp_path / "prepared"), source_dir=str(data_dir),
+                           datasets=["snli_triples_derived"], offline=True, progress=False, tfds=True)
+  assert report.ok and report.tfds, report.summary()
+  (user / "acc_user_tasks.py").write_text(USER_MODULE.format(
+      tsv=str(user / "triples.tsv"), tfds_dir=str(tmp_path / "prepared" / "tfds")))
+  gin = user / "stage2.gin"
+  gin.write_text(textwrap.dedent(USER_GIN.format(steps=STAGE2_STEPS)))
+  env2 = dict(env, PYTHONPATH=os.pathsep.join([str(user), str(REPO), os.environ.get("PYTHONPATH", "")]))
+  init = f"--gin.run.init_from='{stage1}'"
+
+  # The reference: uninterrupted.
+  ref2 = gcs.url("ref_stage2")
+  log = _run(env2, str(gin), ref2, init, nli)
+  assert "[worker 0]" in log and "[worker 1]" in log
+  # SIGTERM to the launcher mid-run (forwarded to both workers), then the same command again.
   stage2 = gcs.url("stage2")
-  _run(env, "rehearsal/stage2.gin", stage2, f"--gin.run.init_from='{stage1}'", nli)
+  proc = _launch(env2, str(gin), stage2, init, nli)
+  out = _Output(proc)
+  out.wait_for(f"step 6/{STAGE2_STEPS}:", proc)
+  proc.send_signal(signal.SIGTERM)
+  proc.wait(timeout=300)
+  out._thread.join(timeout=10)
+  assert proc.returncode == 143, out.text()[-6000:]
+  assert out.text().count("Rerun the same command to resume") == 2
+  stopped = native.load_params(stage2)[2]
+  assert 6 <= stopped < STAGE2_STEPS and stopped != 10, stopped  # resumes from the preemption checkpoint
+  state = _data_state(stage2, stopped)
+  # Both processes' shard positions, gathered into the one JSON the primary host writes.
+  assert set(state["cursors"]) == {"0", "1"} and state["num_readers"] == 2
+  assert state["streams"] == {"acc_nli_tsv": "seqio", "acc_nli_tfds": "seqio", "st5_user_nli_triples": "numpy"}, state
+  # With dedup on, batches are made in windows of DEDUP_WINDOW steps; a state saved inside a
+  # window holds the window's start positions and replays to `step` on resume (no batch is
+  # repeated or skipped: the equality of the parameters below proves it).
+  assert state["step"] == stopped and state["dedup_window"] == DEDUP_WINDOW
+  assert state["block_start_step"] == stopped - stopped % DEDUP_WINDOW, state
+  assert sum(state["positions"].values()) == state["block_start_step"] * 16  # 16 rows per process and step
+  _run(env2, str(gin), stage2, init, nli)
+  (s_ref2, p_ref2), (s_res2, p2) = _params(ref2), _params(stage2)
+  assert s_ref2 == s_res2 == STAGE2_STEPS
+  assert p_ref2.keys() == p2.keys()
+  for k in p_ref2:
+    np.testing.assert_array_equal(p2[k], p_ref2[k], err_msg=k)
   summary2 = json.loads(paths.read_text(f"{stage2}/results.json"))
-  assert summary2["init_from"] == stage1 and summary2["last_step"] == 20
-  _, p2 = _params(stage2)
+  assert summary2["init_from"] == stage1 and summary2["last_step"] == STAGE2_STEPS
+  assert summary2["mesh"] == {"data": 4, "fsdp": 2, "model": 1}
   assert not np.array_equal(p2["projection_layer/kernel"], pb_res["projection_layer/kernel"])
   # Initialised from stage 1's best (`init_from` of a work dir with one): the token table of a tiny
   # 20-step run stays close to it.
