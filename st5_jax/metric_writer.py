@@ -54,6 +54,8 @@ class AppendFile:
         paths.write_bytes(self.path, bytes(self._buffer))
 
   def close(self) -> None:
+    if self._local is not None and self._local.closed:
+      return  # closed already (abandon() after a close that failed later on)
     self.flush()
     if self._local is not None:
       self._local.close()
@@ -111,4 +113,24 @@ class MetricWriter:
     if self.enabled:
       self.jsonl.close()
       self.tb.close()
+
+  def abandon(self) -> None:
+    """Closes after a failed run, never raising a write error again (the run reports its own).
+
+    On a full disk the final flush fails too; tensorboardX then leaves its event file open,
+    and its atexit cleanup would retry the flush and print the error as a traceback after the
+    run's one-line error. So the event writers are stopped and marked closed either way.
+    """
+    if not self.enabled:
+      return
+    for close in (self.jsonl.close, self.tb.close):
+      try:
+        close()
+      except OSError:
+        pass
+    for file_writer in (self.tb.all_writers or {}).values():
+      events = file_writer.event_writer
+      if not events._closed:  # pylint: disable=protected-access  (tensorboardX 2.6: what its cleanup checks)
+        events._worker.stop()  # pylint: disable=protected-access
+        events._closed = True  # pylint: disable=protected-access
 

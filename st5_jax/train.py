@@ -343,67 +343,71 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
     (workdir / "train_config.json").write_text(json.dumps(tc.to_dict(), indent=2))
   mngr = native.checkpoint_manager(workdir, max_to_keep=tc.keep_checkpoints, enable_async_checkpointing=True)
   writer = MetricWriter(workdir, enabled=_is_lead())
-  summary_path = workdir / "results.json"
-  summary: dict[str, Any] = json.loads(paths.read_text(summary_path)) if summary_path.exists() else {}
-  summary.update({"workdir": str(workdir), "num_train_steps": tc.num_train_steps,
-                  "global_batch_size": tc.global_batch_size, "mesh": dict(mesh.shape), **(run_info or {})})
+  try:
+    summary_path = workdir / "results.json"
+    summary: dict[str, Any] = json.loads(paths.read_text(summary_path)) if summary_path.exists() else {}
+    summary.update({"workdir": str(workdir), "num_train_steps": tc.num_train_steps,
+                    "global_batch_size": tc.global_batch_size, "mesh": dict(mesh.shape), **(run_info or {})})
 
-  sts_dev_eval = make_sts_dev_eval(setup, model_config, data_dir=eval_data_dir, vocab_file=vocab_file, rules=rules)
-  if tc.early_stopping is not None and eval_data_dir is None:
-    raise ValueError("TrainConfig.early_stopping needs the STS-B dev evaluation: set $ST5_DATA_DIR (or gin "
-                     "st5_jax.data.options.data_dir).")
-  with jax.set_mesh(mesh):
-    restored = restore_latest_good(mngr, setup)
-    iterator = make_iterator(mesh, tc.global_batch_size, tc.seed)
-    keeper = None
-    if tc.early_stopping is not None:
-      keeper = hooks_lib.BestKeeper(tc.early_stopping, _best_saver(workdir, model_config, vocab_file),
-                                    restored[1].get("early_stopping") if restored else None)
-    if restored is not None:
-      state, meta = restored
-      iterator.set_state(meta["data_state"])
-      log.info("Resumed from %s at step %d", mngr.directory, meta["step"])
-    else:
-      init_params = None
-      if init_from:
-        init_params = _load_pretrained(init_from, model_config, init_projection, tc.seed, objective=tc.objective)
-        summary["init_from"] = str(init_from)
-      state = init_state(setup, model_config, seed=tc.seed, init_params=init_params)
-      before = sts_dev_eval(state.params)
-      summary["stsb_dev_spearman_before"] = before
-      if before is not None:
-        writer.write(0, {"stsb_dev_spearman": before}, prefix="eval")
-        log.info("STS-B dev Spearman before training: %.2f", before)
+    sts_dev_eval = make_sts_dev_eval(setup, model_config, data_dir=eval_data_dir, vocab_file=vocab_file, rules=rules)
+    if tc.early_stopping is not None and eval_data_dir is None:
+      raise ValueError("TrainConfig.early_stopping needs the STS-B dev evaluation: set $ST5_DATA_DIR (or gin "
+                       "st5_jax.data.options.data_dir).")
+    with jax.set_mesh(mesh):
+      restored = restore_latest_good(mngr, setup)
+      iterator = make_iterator(mesh, tc.global_batch_size, tc.seed)
+      keeper = None
+      if tc.early_stopping is not None:
+        keeper = hooks_lib.BestKeeper(tc.early_stopping, _best_saver(workdir, model_config, vocab_file),
+                                      restored[1].get("early_stopping") if restored else None)
+      if restored is not None:
+        state, meta = restored
+        iterator.set_state(meta["data_state"])
+        log.info("Resumed from %s at step %d", mngr.directory, meta["step"])
+      else:
+        init_params = None
+        if init_from:
+          init_params = _load_pretrained(init_from, model_config, init_projection, tc.seed, objective=tc.objective)
+          summary["init_from"] = str(init_from)
+        state = init_state(setup, model_config, seed=tc.seed, init_params=init_params)
+        before = sts_dev_eval(state.params)
+        summary["stsb_dev_spearman_before"] = before
+        if before is not None:
+          writer.write(0, {"stsb_dev_spearman": before}, prefix="eval")
+          log.info("STS-B dev Spearman before training: %.2f", before)
 
-    start_step = int(jax.device_get(state.step))
-    end = tc.num_train_steps if stop_after_steps is None else min(tc.num_train_steps, start_step + stop_after_steps)
-    if keeper is not None and keeper.should_stop:  # a rerun of a run that stopped early: nothing left to do
-      log.info("Stopped early at step %d (best %s at step %s): nothing to resume.", keeper.stopped_at,
-               keeper.best, keeper.best_step)
-      end = start_step
-    run = _Run(setup=setup, config=tc, mngr=mngr, writer=writer, iterator=iterator, sts_dev_eval=sts_dev_eval,
-               progress=progress, keeper=keeper)
-    t_start = time.perf_counter()
-    state, step, interrupted, last_metrics = _loop(run, state, start_step=start_step, end=end)
+      start_step = int(jax.device_get(state.step))
+      end = tc.num_train_steps if stop_after_steps is None else min(tc.num_train_steps, start_step + stop_after_steps)
+      if keeper is not None and keeper.should_stop:  # a rerun of a run that stopped early: nothing left to do
+        log.info("Stopped early at step %d (best %s at step %s): nothing to resume.", keeper.stopped_at,
+                 keeper.best, keeper.best_step)
+        end = start_step
+      run = _Run(setup=setup, config=tc, mngr=mngr, writer=writer, iterator=iterator, sts_dev_eval=sts_dev_eval,
+                 progress=progress, keeper=keeper)
+      t_start = time.perf_counter()
+      state, step, interrupted, last_metrics = _loop(run, state, start_step=start_step, end=end)
+      mngr.wait_until_finished()
+      summary.update({"last_step": step, "train_seconds_this_run": round(time.perf_counter() - t_start, 1),
+                      "final_metrics": last_metrics, "interrupted_by": interrupted})
+      if step == tc.num_train_steps and interrupted is None and not (keeper and keeper.should_stop):
+        after = sts_dev_eval(state.params)
+        summary["stsb_dev_spearman_after"] = after
+        if after is not None:
+          writer.write(step, {"stsb_dev_spearman": after}, prefix="eval")
+          log.info("STS-B dev Spearman after training: %.2f", after)
+          if keeper is not None:
+            keeper.update(step, after, state)
+      if keeper is not None:
+        summary["early_stopping"] = keeper.state_dict()
     mngr.wait_until_finished()
-    summary.update({"last_step": step, "train_seconds_this_run": round(time.perf_counter() - t_start, 1),
-                    "final_metrics": last_metrics, "interrupted_by": interrupted})
-    if step == tc.num_train_steps and interrupted is None and not (keeper and keeper.should_stop):
-      after = sts_dev_eval(state.params)
-      summary["stsb_dev_spearman_after"] = after
-      if after is not None:
-        writer.write(step, {"stsb_dev_spearman": after}, prefix="eval")
-        log.info("STS-B dev Spearman after training: %.2f", after)
-        if keeper is not None:
-          keeper.update(step, after, state)
-    if keeper is not None:
-      summary["early_stopping"] = keeper.state_dict()
-  mngr.wait_until_finished()
-  mngr.close()
-  writer.close()
-  if _is_lead():
-    paths.write_text(summary_path, json.dumps(summary, indent=2))
-  return TrainResult(step=step, interrupted_by=interrupted, summary=summary)
+    mngr.close()
+    writer.close()
+    if _is_lead():
+      paths.write_text(summary_path, json.dumps(summary, indent=2))
+    return TrainResult(step=step, interrupted_by=interrupted, summary=summary)
+  except BaseException:
+    writer.abandon()  # a failed write (a full disk) must not fail again, or print, at exit
+    raise
 
 
 def _best_saver(workdir, model_config: ST5Config, vocab_file: str) -> Callable[[Any, int, float], None]:

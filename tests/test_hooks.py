@@ -100,6 +100,27 @@ def test_metric_writer_on_gcs_writes_the_work_dir_directly_and_appends_on_resume
                      ("train/loss", 4): 1.5}
 
 
+def test_abandoned_metric_writer_on_a_full_disk_leaves_nothing_for_exit(tmp_path, monkeypatch):
+  # A run that failed on a full disk: the event file's final flush fails as well. abandon()
+  # must not raise it again, and tensorboardX's atexit cleanup (event_writer.close()) must have
+  # nothing left to flush, or it prints the error as a traceback after the run's one-line error.
+  w = metric_writer.MetricWriter(tmp_path / "wd")
+  w.write(1, {"loss": 3.0})
+
+  def full_disk(self):
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(event_file_writer.EventsWriter, "flush", full_disk)
+  with pytest.raises(OSError):
+    w.tb.flush()  # the disk refuses the event file's flush
+  event_writers = [f.event_writer for f in w.tb.all_writers.values()]
+  w.abandon()
+  w.abandon()  # and again (the trainer's failure path may meet a writer closed half-way)
+  assert event_writers
+  for events in event_writers:
+    events.close()  # what tensorboardX's atexit cleanup calls: a no-op now
+
+
 def test_metric_writer_local_rows_are_on_disk_at_once_and_disabled_writes_nothing(tmp_path):
   w = metric_writer.MetricWriter(tmp_path / "wd")
   w.write(1, {"loss": 3.0})
