@@ -3,15 +3,19 @@
 XLA_FLAGS must be set before JAX is first imported, so this runs at collection time.
 """
 
+import json
 import os
 import pathlib
+import time
 
-# 8 fake CPU devices for meshes; cheaper LLVM passes because tests compile far more than they run.
-# An exported XLA_FLAGS keeps its other flags, but its device count is replaced: the mesh
-# tests need exactly 8.
+# 8 fake CPU devices for meshes; cheaper compiles because tests compile far more than they run:
+# cheaper LLVM passes, and XLA:CPU's older elemental emitters for fusions instead of the MLIR
+# fusion emitters (a third less time on the compile-bound tests, measured in docs/testing.md;
+# the numerics tests hold either way). An exported XLA_FLAGS keeps its other flags, but its
+# device count is replaced: the mesh tests need exactly 8.
 _DEVICE_FLAG = "--xla_force_host_platform_device_count="
 _TEST_FLAGS = {_DEVICE_FLAG: "8", "--xla_backend_optimization_level=": "0",
-               "--xla_llvm_disable_expensive_passes=": "true"}
+               "--xla_llvm_disable_expensive_passes=": "true", "--xla_cpu_use_fusion_emitters=": "false"}
 
 
 def _xla_flags(existing: str) -> str:
@@ -121,6 +125,24 @@ def _longest_first_rank(nodeid: str) -> int:
     if pattern in nodeid:
       return rank
   return len(LONGEST_FIRST)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  """With ST5_TEST_TIMELINE=FILE, each test's worker, start and end go to FILE (one JSON line each).
+
+  `--durations` says how long tests took, not when: the timeline shows where a worker sat idle
+  (tests/timeline.py summarises it; docs/testing.md).
+  """
+  del nextitem
+  path = os.environ.get("ST5_TEST_TIMELINE")
+  start = time.time()
+  yield
+  if path:
+    row = {"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "test": item.nodeid, "start": start,
+           "end": time.time()}
+    with open(path, "a", encoding="utf-8") as f:  # one short append per test: the workers' lines do not mix
+      f.write(json.dumps(row) + "\n")
 
 
 def pytest_collection_modifyitems(config, items):
