@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import seqio
 
+from xla_env import xla_flags
 from st5_jax import cli, paths
 from st5_jax.data import beam_cache, cache, registry, tasks
 from st5_jax.data.iterator import make_local_iterator
@@ -187,7 +188,7 @@ def test_training_from_a_beam_cache_sigtermed_and_rerun_ends_bit_identical(data_
   steps = 60
   gin_file = tmp_path / "run.gin"
   gin_file.write_text(TRAIN_GIN.format(task=PUBLIC, cache=tmp_path / "c", steps=steps))
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_ENABLE_COMPILATION_CACHE="false")
+  env = dict(os.environ, XLA_FLAGS=xla_flags(2), JAX_ENABLE_COMPILATION_CACHE="false")
 
   def cmd(wd):
     return [sys.executable, "-m", "st5_jax.cli", "train", "--gin_file", str(gin_file), "--workdir", str(wd),

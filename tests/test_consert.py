@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import synthetic
+from xla_env import xla_flags
 from st5_jax import configs, losses, optim, partitioning, train
 from st5_jax import vocab as vocab_lib
 from st5_jax.checkpoints import tree
@@ -451,7 +452,7 @@ def test_adversarial_view_perturbs_the_first_view_by_fgv_of_the_nli_gradient():
     ("consert_unsup", ("feature_cutoff", 0.2, "shuffle", 0.0), TINY, 0),
     ("consert_joint", ("none", 0.0, "token_cutoff", 0.1), TINY.replace(pooling="enc_first"), 2),
 ])
-def test_objectives_train_through_build_on_a_mesh(objective_name, views, model, chunks, fresh_compiles):
+def test_objectives_train_through_build_on_a_mesh(objective_name, views, model, chunks):
   mesh = partitioning.make_mesh(partitioning.MeshConfig(4, 2, 1))
   tc = _tc(objective_name, views, global_batch_size=32, grad_cache_chunks=chunks)
   setup = train.build(model, tc, mesh)
@@ -495,7 +496,7 @@ def test_bad_consert_configs_are_refused_at_build(kw, model, match):
 # ---------------------------------------------------------- checkpoints, export, continuation
 
 
-def test_joint_model_loads_without_its_head_exports_and_continues_unsupervised(tmp_path, vocab_path, fresh_compiles):
+def test_joint_model_loads_without_its_head_exports_and_continues_unsupervised(tmp_path, vocab_path):
   from st5_jax.checkpoints import native
   from st5_jax.encoder import SentenceEncoder
   from st5_jax.export.api import export_model
@@ -558,8 +559,8 @@ WORKER = os.path.join(os.path.dirname(__file__), "consert_multihost_worker.py")
 
 
 def _worker_env(devices, **extra):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-             JAX_ENABLE_COMPILATION_CACHE="false")  # see `fresh_compiles`
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(devices),
+             JAX_ENABLE_COMPILATION_CACHE="false")  # no cache guard here: see conftest.py
   env.update(extra)
   return env
 

@@ -352,8 +352,8 @@ TINY_MODEL = ["--gin.st5_model.size='t5_tiny'", "--gin.st5_model.embedding_dim=1
 
 def _st5_train(gin_file, workdir, *overrides):
   env = dict(os.environ)
-  # A fresh compile per process (see tests/test_consert.py: cached two-view executables can
-  # deadlock on CPU meshes).
+  # No persistent cache: a subprocess has no cache guard (tests/conftest.py: jaxlib 0.10.2 loads
+  # executables with collectives in loop bodies without their order).
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
   out = subprocess.run([sys.executable, "-m", "st5_jax.cli", "train", "--gin_file", gin_file, "--workdir",
                         str(workdir), "--no_progress", *TINY_MODEL, *overrides],

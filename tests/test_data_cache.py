@@ -12,6 +12,7 @@ import pytest
 import seqio
 import tensorflow as tf
 
+from xla_env import xla_flags
 from st5_jax import cli
 from st5_jax.data import cache, convert, overlap, tasks
 from st5_jax.data.iterator import make_local_iterator
@@ -297,7 +298,7 @@ def test_two_processes_read_their_own_shards_and_resume_together(cache_root, tmp
   outs = [tmp_path / f"p{i}.json" for i in range(2)]
   procs = [subprocess.Popen([sys.executable, worker, cache_root, str(outs[i])],
                             env=dict(os.environ, JAX_PLATFORMS="cpu",
-                                     XLA_FLAGS="--xla_force_host_platform_device_count=2",
+                                     XLA_FLAGS=xla_flags(2),
                                      JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
                                      JAX_PROCESS_ID=str(i)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]

@@ -20,6 +20,7 @@ import types
 
 import pytest
 
+from xla_env import xla_flags
 from st5_jax.checkpoints import storage
 
 from test_faults_kill import GIN, WORKER
@@ -61,7 +62,7 @@ def test_full_disk_during_a_save_is_named_and_resumable(tmp_path):
   gin_file = tmp_path / "run.gin"
   gin_file.write_text(GIN.format(steps=12, every=4))
   script = SCRIPT.format(disk=disk, out=out, gin=gin_file, worker=WORKER, python=shlex.quote(sys.executable))
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  env = dict(os.environ, XLA_FLAGS=xla_flags(4))
   proc = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", script], env=env,
                         capture_output=True, timeout=900)
   assert proc.returncode == 0, proc.stderr.decode()[-3000:]

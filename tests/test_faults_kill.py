@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+from xla_env import xla_flags
 from st5_jax.checkpoints import native, tree
 
 GIN = """
@@ -34,7 +35,7 @@ MeshConfig.data = -1
 """
 
 WORKER = pathlib.Path(__file__).parent / "faults_worker.py"
-ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+ENV = dict(os.environ, XLA_FLAGS=xla_flags(4))
 STEPS, EVERY = 12, 4
 
 

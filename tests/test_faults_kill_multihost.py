@@ -18,6 +18,7 @@ import time
 import numpy as np
 import pytest
 
+from xla_env import xla_flags
 from st5_jax.checkpoints import native, tree
 
 GIN = """
@@ -53,7 +54,7 @@ def _start(tmp_path, workdir, **extra):
   port = _free_port()
   cmd = [sys.executable, str(WORKER), "train", "--gin_file", str(gin_file), "--workdir", str(workdir), "--no_progress"]
   return [subprocess.Popen(cmd, env=dict(os.environ, JAX_PLATFORMS="cpu",
-                                         XLA_FLAGS="--xla_force_host_platform_device_count=2",
+                                         XLA_FLAGS=xla_flags(2),
                                          JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
                                          JAX_PROCESS_ID=str(i), **extra),
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for i in range(2)]

@@ -8,13 +8,14 @@ import sys
 
 import numpy as np
 
+from xla_env import xla_flags
 from st5_jax.checkpoints import native, tree
 
 WORKER = os.path.join(os.path.dirname(__file__), "multihost_worker.py")
 
 
 def _env(devices, **extra):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(devices))
   env.update(extra)
   return env
 

@@ -109,7 +109,7 @@ def test_it_compiles_for_a_tpu_topology_through_st5_aot(name, aot_reports):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_it_saves_restores_continues_and_exports_its_tower(name, tmp_path, vocab_path, fresh_compiles):
+def test_it_saves_restores_continues_and_exports_its_tower(name, tmp_path, vocab_path):
   from st5_jax.checkpoints import native  # pylint: disable=g-import-not-at-top
   from st5_jax.encoder import SentenceEncoder  # pylint: disable=g-import-not-at-top
   from st5_jax.export.api import export_model  # pylint: disable=g-import-not-at-top

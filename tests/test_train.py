@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import synthetic
+from xla_env import xla_flags
 from st5_jax import configs, features, optim, partitioning, train
 from st5_jax.checkpoints import native, tree
 
@@ -351,7 +352,7 @@ def _train_cmd(tmp_path, workdir, steps, *extra):
 
 def test_sigterm_saves_and_resume_is_exact(tmp_path, vocab_path):
   """A real SIGTERM to a training process; rerunning the command ends where an uninterrupted run does."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  env = dict(os.environ, XLA_FLAGS=xla_flags(4))
   steps = 200
   straight = tmp_path / "straight"
   subprocess.run(_train_cmd(tmp_path, straight, steps), env=env, check=True, capture_output=True, timeout=600)
