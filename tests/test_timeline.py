@@ -26,6 +26,7 @@ def test_the_conftest_hook_writes_one_line_per_test(tmp_path):
   tests_dir = str(pathlib.Path(__file__).resolve().parent)
   env = dict(os.environ, ST5_TEST_TIMELINE=str(out),
              PYTHONPATH=os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")]))
+  env.pop("PYTEST_XDIST_WORKER", None)  # set when this test runs on an xdist worker: the child is not one
   # This suite's conftest as a plugin of a pytest run on another folder.
   cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest", "-c", os.devnull,
          "--rootdir", str(tmp_path), str(tmp_path / "test_two.py")]
