@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+import st5_jax
 from st5_jax import cli
 
 
@@ -108,6 +109,9 @@ def test_data_subcommands(tmp_path, data_dir, capsys, monkeypatch):
 def test_missing_optional_extra_is_one_line(tmp_path, data_dir, capsys, monkeypatch):
   monkeypatch.setitem(sys.modules, "mteb", None)  # as if the `mteb` extra were not installed
   monkeypatch.delitem(sys.modules, "st5_jax.mteb", raising=False)
+  # `from st5_jax import mteb` takes the package's attribute when an earlier test in this worker
+  # imported the module: without it gone too, the import succeeds and the test depends on order.
+  monkeypatch.delattr(st5_jax, "mteb", raising=False)
   rc = cli.main(["eval", "--model", str(tmp_path), "--mteb", "STSBenchmark", "--data_dir", str(data_dir),
                  "--output", str(tmp_path / "r.json")])
   assert rc == 2
