@@ -18,6 +18,7 @@ def test_idle_time_between_tests_and_at_the_end():
   assert "gw0: 2 tests, busy 55 s, between tests 5 s, first at +0 s, done at +60 s (idle 0 s at the end)" in text
   assert "gw1: 1 tests, busy 10 s, between tests 0 s, first at +1 s, done at +11 s (idle 49 s at the end)" in text
   assert "  b\n" in text + "\n" and "  a\n" not in text + "\n"  # only the last test of gw0 is listed
+  assert not any(line.startswith("    +") for line in timeline.summarise(rows, last=0).splitlines())
 
 
 def test_the_conftest_hook_writes_one_line_per_test(tmp_path):

@@ -27,7 +27,7 @@ def summarise(rows, last=8):
     lines.append(f"{worker}: {len(rs)} tests, busy {busy:.0f} s, between tests {gaps:.0f} s, "
                  f"first at +{rs[0]['start'] - t0:.0f} s, done at +{rs[-1]['end'] - t0:.0f} s "
                  f"(idle {t_end - rs[-1]['end']:.0f} s at the end)")
-    for r in rs[-last:]:
+    for r in rs[len(rs) - last:] if last > 0 else []:  # rs[-0:] would be every test
       lines.append(f"    +{r['start'] - t0:6.0f} s {r['end'] - r['start']:6.1f} s  {r['test']}")
   return "\n".join(lines)
 
