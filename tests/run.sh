@@ -2,7 +2,7 @@
 # The test suite: sets up .venv with the `test` and `tpu` extras (libtpu, for the AOT fit
 # checks), then runs pytest on 2 workers. Work stealing (`--dist worksteal`): an idle worker takes half of
 # the other's queue, where xdist's default `load` left one worker idle for the last 426 s of a 21.5 min
-# run (tests/timeline.py; docs/testing.md).
+# run (tests/timeline.py). The wall time stayed about the same: the cores were busy (docs/testing.md).
 # Extra arguments go to pytest (e.g. tests/run.sh -k model).
 #   tests/run.sh --aot-all   only the AOT fit checks marked aot_all: the large shipped runs and
 #                            SEED-Encoder Base (~25 min on 2 cores)

@@ -1,8 +1,8 @@
 """XLA_FLAGS for the tests' subprocesses: conftest's cheap compiles, with a device count of their own.
 
 A subprocess given only `--xla_force_host_platform_device_count=N` compiles at full
-optimisation with the MLIR fusion emitters: the same tiny step then costs several times the
-compile time of the test process's own (tests/conftest.py, docs/testing.md).
+optimisation with the MLIR fusion emitters, slower than the test process itself compiles
+(figures in docs/testing.md, "Time").
 """
 
 import os
