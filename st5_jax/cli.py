@@ -120,8 +120,9 @@ def _command_name(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-  if argv is None:  # run as a program (not called from Python): huge-page malloc, docs/performance.md
-    hostmem.reexec_with_hugetlb_malloc()
+  if argv is None:  # run as a program (not called from Python): huge-page malloc, fewer GC passes
+    hostmem.reexec_with_hugetlb_malloc()  # docs/performance.md
+    hostmem.raise_gc_threshold()
   argv = list(sys.argv[1:] if argv is None else argv)
   debug = "--debug" in argv
   argv = [a for a in argv if a != "--debug"]

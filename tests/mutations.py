@@ -196,7 +196,8 @@ MUTATIONS = [
       'lengths["negative_targets"] = lengths["targets"]', 'lengths["negative_targets"] = lengths["inputs"]',
       ("tests/test_data_seqio.py", "tests/test_data_bad_input.py"), "negative_targets defaults to targets' length"),
     # the host side of a run
-    M("hostmem.never_reexecuted", "st5_jax/cli.py", "    hostmem.reexec_with_hugetlb_malloc()\n", "    pass\n",
+    M("hostmem.never_reexecuted", "st5_jax/cli.py", "    hostmem.reexec_with_hugetlb_malloc()  # docs/performance.md\n",
+      "    pass\n",
       ("tests/test_hostmem.py",), "the st5 command runs on huge-page malloc"),
     M("metric_writer.event_files_share_a_name", "st5_jax/metric_writer.py",
       'filename_suffix=f".{os.getpid()}.{next(_WRITER_IDS)}"', 'filename_suffix=""',

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import pathlib
@@ -59,6 +60,34 @@ def test_main_called_from_python_never_reexecutes(monkeypatch, capsys):
     cli.main(["bench", "--help"])
   assert e.value.code == 0
   assert "--negatives" in capsys.readouterr().out
+
+
+_GC_PROBE = """
+import gc, sys
+from st5_jax import cli
+before = gc.get_threshold()
+sys.argv = ["st5", *sys.argv[1:]]
+try:
+  cli.main()  # as the `st5` program runs it
+except SystemExit:
+  pass
+print(before, gc.get_threshold())
+"""
+
+
+def test_st5_raises_the_gc_thresholds_and_a_python_caller_keeps_its_own():
+  env = dict(os.environ, ST5_HUGETLB_MALLOC="0")  # no re-exec: this process prints what main() left
+  out = subprocess.run([sys.executable, "-c", _GC_PROBE, "bench", "--help"], capture_output=True, text=True,
+                       env=env, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip().splitlines()[-1] == "(700, 10, 10) (50000, 20, 20)"  # CPython's defaults, then ours
+  gc.set_threshold(700, 10, 10)
+  try:
+    with pytest.raises(SystemExit):
+      cli.main(["bench", "--help"])  # a library call: the caller's interpreter is left as it was
+    assert gc.get_threshold() == (700, 10, 10)
+  finally:
+    gc.set_threshold(*hostmem.GC_THRESHOLD)  # as conftest set it for this test process
 
 
 def _platform_has_hugetlb_malloc() -> bool:
