@@ -80,7 +80,7 @@ def reexec_with_hugetlb_malloc() -> None:
 # CPython collects its youngest generation every 700 net allocations of container objects,
 # and each full collection walks every object alive: the millions that importing JAX,
 # TensorFlow and seqio leave behind. JAX's tracing and lowering allocate millions more,
-# so with the defaults a run spends a tenth of its Python time in the collector: 9.7 s of
+# so with the defaults a process spends over a tenth of its time in the collector: 9.7 s of
 # a 70 s compile-bound test file (tests/test_layer_attention.py), 2.3 s of each pod-rehearsal
 # worker's start, most of it in full collections during the imports. With these thresholds:
 # 3.6 s and 0.8 s (gc.callbacks timing, docs/performance.md). Cycles are still collected,

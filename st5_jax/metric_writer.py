@@ -23,8 +23,8 @@ from st5_jax import paths
 def _import_tensorboardx():
   """tensorboardX's writer, imported without torch.
 
-  tensorboardX imports torch whenever it is installed (~1.5 s of every `st5 train` start, on
-  2026's CPUs) only so that `add_*` accept torch tensors; this writer passes floats. A `None`
+  tensorboardX imports torch whenever it is installed (~1.2 s of CPU at every `st5 train` start
+  on the development machine) only so that `add_*` accept torch tensors; this writer passes floats. A `None`
   in sys.modules makes its guarded `import torch` fail; torch stays importable afterwards.
   """
   hide = "torch" not in sys.modules

@@ -39,7 +39,7 @@ os.environ.setdefault("ST5_DATA_DIR", str(SHARED / "data"))
 os.environ.setdefault("ST5_VOCAB", str(SHARED / "data" / "t5_spiece" / "spiece.model"))
 
 # The `st5` command's GC thresholds, before JAX, TensorFlow and torch are imported: with CPython's
-# defaults the tests spent ~13% of their CPU time in the cyclic collector (docs/testing.md, "Time").
+# defaults the tests spent over a tenth of their CPU time in the cyclic collector (docs/testing.md, "Time").
 from st5_jax import hostmem  # noqa: E402  pylint: disable=g-import-not-at-top
 
 hostmem.raise_gc_threshold()

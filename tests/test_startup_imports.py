@@ -1,7 +1,7 @@
 """A training process starts without importing torch.
 
 Every `st5 train` process (each worker of a pod, each resume) pays its imports. tensorboardX
-imports torch whenever it is installed, ~1.3 s of each start on this machine, and training
+imports torch whenever it is installed, ~1.2 s of CPU at each start on this machine, and training
 never uses it. torch is installed in the test environment (the reference tests need it), so
 its absence below means something. (scikit-learn, another second, is imported by
 TensorFlow's eager import of Keras, which seqio's tasks need; it stays.)
