@@ -35,7 +35,7 @@ SQUAD_DEV = "squad_v1.1_dev/dev-v1.1.reconstructed.json"
 def _train(gin_file: str, bindings: list[str], workdir: pathlib.Path) -> float:
   import gin
   from st5_jax import gin_config
-  from st5_jax.commands.train import parse_gin
+  from st5_jax.gin_config import parse_gin
   t0 = time.perf_counter()
   parse_gin([gin_file], bindings)
   gin_config.train_from_gin(workdir=str(workdir), progress=False)

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 import os
+import pathlib
 import re
 import types
 import typing
 from typing import Any
 
 import gin
-import jax
 from gin import config_parser
 
-from st5_jax import configs, inference, objectives, optim, partitioning, paths, train
+from st5_jax import configs, inference, multihost, objectives, optim, partitioning, paths, train
 from st5_jax import hooks as hooks_lib
 from st5_jax.data import config as data_config
 # Imported for their gin configurables (st5_jax.data.options, user_qa_pairs, ...), which must
@@ -141,6 +142,59 @@ def parse(files: list[str], bindings: list[str], *, finalize: bool = False) -> N
   except (ValueError, OSError, SyntaxError, TypeError) as e:
     line = _one_line(e)
     raise GinConfigError(line + _moved_hint(line)) from e
+
+
+def shipped_gin_dir() -> pathlib.Path:
+  """The gin files shipped with st5_jax: the wheel's packaged copy (st5_jax/gin), else a checkout's gin/.
+
+  pyproject.toml maps the repository's top-level gin/ into the wheel as the package data
+  `st5_jax/gin`, so `st5 train --gin_file st5_tiny_cpu.gin` works from an installed wheel
+  as from a checkout (or an editable install, which has no packaged copy).
+  """
+  here = pathlib.Path(__file__).resolve().parent
+  for candidate in (here / "gin", here.parent / "gin"):
+    if candidate.is_dir():
+      return candidate
+  raise GinConfigError(f"no shipped gin files next to {here} (neither {here / 'gin'} nor {here.parent / 'gin'}); "
+                       "reinstall st5_jax")
+
+
+def find_gin_file(name: str, search_paths: list[str] = ()) -> str:
+  """A gin file by path, else by name under each of `search_paths` in turn, else among the shipped ones.
+
+  The user's own `--gin_search_path` folders come before the shipped files, so a file of
+  theirs with a shipped file's name wins.
+  """
+  if os.path.isfile(name):
+    return name
+  folders = [*search_paths, str(shipped_gin_dir())]
+  for folder in folders:
+    candidate = os.path.join(folder, name)
+    if os.path.isfile(candidate):
+      return candidate
+  raise GinConfigError(f"gin file {name!r} not found (looked in the current directory, then in "
+                       f"{', '.join(folders)})")
+
+
+class _QuietIncludes(logging.Filter):
+  """Gin logs 'Path not found' for every search-path candidate it tries; hide those."""
+
+  def filter(self, record) -> bool:
+    return not str(record.getMessage()).startswith("Path not found:")
+
+
+def parse_gin(files: list[str], bindings: list[str], search_paths: list[str] = ()) -> None:
+  """Finds `files` (find_gin_file) and parses them and `bindings`; includes resolve the same way.
+
+  The one entry for every command and library that reads a run's gin files (`st5 train`,
+  `st5 aot`, `st5 sweep`, `st5 data cache --gin_file`, the tests).
+  """
+  logging.getLogger().addFilter(_QuietIncludes())
+  gin.clear_config()
+  for folder in [*search_paths, str(shipped_gin_dir())]:
+    gin.add_config_file_search_path(folder)
+  # One-line GinConfigErrors (file:line: binding: reason) for unknown keys, missing includes, syntax.
+  parse([find_gin_file(f, search_paths) for f in files], bindings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,7 +348,7 @@ def train_from_gin(*, workdir: str, progress: bool = True) -> train.TrainResult:
   spec = run_spec()
   vocab_file = paths.vocab_path(spec.vocab)
   eval_data_dir = data_config.data_dir(required=False)  # STS-B dev: the folder the tasks read
-  if jax.process_index() == 0:
+  if multihost.is_lead():
     paths.write_text(paths.join(workdir, "config.gin"), gin.config_str())
     paths.write_text(paths.join(workdir, "operative_config.gin"), gin.operative_config_str())
   return train.train(workdir=workdir, model_config=spec.model, train_config=spec.train_config,

@@ -17,6 +17,11 @@ log = logging.getLogger(__name__)
 _BARRIER_IDS = itertools.count()
 
 
+def is_lead() -> bool:
+  """The process that writes what is written once (configs, metrics, summaries): process 0."""
+  return jax.process_index() == 0
+
+
 def maybe_initialize() -> None:
   """`jax.distributed.initialize()` when this process is one of several.
 

@@ -17,7 +17,7 @@ import pytest
 
 from st5_jax import aot, configs, flops, gin_config, hooks, optim, partitioning, train
 from st5_jax.objectives import ConsertJoint, ConsertUnsup
-from st5_jax.commands.train import parse_gin
+from st5_jax.gin_config import parse_gin
 from st5_jax.features import LABELS, LEFT, RIGHT
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

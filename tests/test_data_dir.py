@@ -16,7 +16,7 @@ import pytest
 
 from st5_jax import gin_config, paths
 from st5_jax.commands import data as data_command
-from st5_jax.commands.train import parse_gin
+from st5_jax.gin_config import parse_gin
 from st5_jax.data import config
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from st5_jax import aot, configs, gin_config, partitioning, train
 from st5_jax.objectives import Contrastive
-from st5_jax.commands.train import parse_gin
+from st5_jax.gin_config import parse_gin
 from st5_jax.model import abstract_params
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

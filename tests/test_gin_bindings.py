@@ -16,7 +16,7 @@ import gin
 import pytest
 
 from st5_jax import gin_config
-from st5_jax.commands.train import parse_gin
+from st5_jax.gin_config import parse_gin
 
 GIN = pathlib.Path(__file__).resolve().parents[1] / "gin"
 

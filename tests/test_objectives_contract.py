@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from st5_jax import gin_config, objectives, partitioning, train
-from st5_jax.commands.train import parse_gin
+from st5_jax.gin_config import parse_gin
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NAMES = sorted(objectives.REGISTRY)

@@ -19,7 +19,7 @@ from st5_jax.objectives import SeedEncoder
 from st5_jax.objectives.seed_encoder import objective as seed_objective
 from st5_jax.objectives.seed_encoder import objective as seed_encoder
 from st5_jax.checkpoints import loader, native, tree
-from st5_jax.commands.train import parse_gin
+from st5_jax.gin_config import parse_gin
 from st5_jax.data import overlap
 from st5_jax.objectives.seed_encoder import span_corruption as sc
 from st5_jax.objectives.seed_encoder import tasks as sp

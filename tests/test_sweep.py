@@ -1,4 +1,4 @@
-"""`st5 sweep` (st5_jax/sweep.py): grids and arms, run keys, the aggregate, resume and skip, a tiny sweep end to end."""
+"""`st5 sweep` (st5_jax/sweep/): grids and arms, run keys, the aggregate, resume and skip, a tiny sweep end to end."""
 
 import csv
 import io

@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from st5_jax.commands.train import gin_overrides, parse_gin
+from st5_jax.commands.train import gin_overrides
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "and report per-chip memory, FLOPs and predicted step time.",
                      description="Exit status 1 when the configuration does not fit in the chip's HBM.")
   p.add_argument("--gin", "--gin_file", dest="gin_file", action="append", required=True,
-                 help="Gin file(s) of the run, as given to `st5 train` (looked up in gin/ too).")
+                 help="Gin file(s) of the run, as given to `st5 train` (a path, or a shipped file's name).")
   p.add_argument("--topology", default=None, help="e.g. v4:4x4x8 (default: the gin file's run.target).")
   p.add_argument("--slice", default=None, help="e.g. v4-256 (alternative to --topology).")
   p.add_argument("--utilisation", type=float, default=0.5, help="MFU assumed for the predicted step time.")
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
   from st5_jax import aot, gin_config  # pylint: disable=g-import-not-at-top
 
   # The fit does not depend on the weights: never require or read run.init_from.
-  parse_gin(args.gin_file, ["run.init_from = None", *gin_overrides(args.extra)])
+  gin_config.parse_gin(args.gin_file, ["run.init_from = None", *gin_overrides(args.extra)])
   spec = gin_config.run_spec()
   topology = args.topology or (aot.topology_for_slice(args.slice) if args.slice else None)
   name = " + ".join(os.path.basename(f) for f in args.gin_file)

@@ -2,8 +2,8 @@
 
 Arms x seeds, each a `st5 train` work dir DIR/runs/<arm>/seed<S>, trained one after the
 other in this process, evaluated with `st5 eval`'s harness, summarised in DIR/results.json,
-summary.csv, summary.md and summary.png. Rerun to resume. The logic: st5_jax/sweep.py;
-docs/sweep.md.
+summary.csv, summary.md and summary.png. Rerun to resume. The logic: the st5_jax/sweep/ package
+(definition, records, summary, run); docs/sweep.md.
 """
 
 from __future__ import annotations
