@@ -6,7 +6,10 @@ multiple of one of its periods, and, with `at_end`, also on the last step of the
 invocation (the end of training, `stop_after_steps`, or a preemption stop). Hooks run
 in the order they were added; the trainer adds them as: NaN-guard bookkeeping,
 throughput, metrics (guard first, so a poisoned step is never logged as good),
-progress, periodic evaluation, checkpoint.
+progress, periodic evaluation, the caller's hooks (`train(..., hooks=[Hook(...)])`),
+checkpoint. A caller's hook may replace the batch stream (`info.stream.replace(it)`: the
+next step reads the new one) and keep state of its own in every checkpoint (`name`,
+`state_dict`, `load_state_dict`), which is what a negatives refresh needs to resume.
 """
 
 from __future__ import annotations
@@ -26,6 +29,34 @@ class NonFiniteLossError(RuntimeError):
   pass
 
 
+class Stream:
+  """The batch stream the loop reads. A hook may replace its iterator at a step boundary.
+
+  The data state saved with a checkpoint is the current iterator's; on resume the hooks'
+  `load_state_dict` runs first (and may replace the iterator again, e.g. with the same
+  generation of mined negatives), then the saved data state is set on whatever iterator
+  the stream then holds.
+  """
+
+  def __init__(self, iterator, *, mesh=None, global_batch_size: int | None = None, seed: int | None = None):
+    self.iterator = iterator
+    # What the trainer built the first iterator with, for a hook that builds the next one
+    # from an iterator factory: factory(stream.mesh, stream.global_batch_size, stream.seed).
+    self.mesh, self.global_batch_size, self.seed = mesh, global_batch_size, seed
+
+  def replace(self, iterator) -> None:
+    self.iterator = iterator
+
+  def __next__(self):
+    return next(self.iterator)
+
+  def get_state(self) -> dict[str, Any]:
+    return self.iterator.get_state()
+
+  def set_state(self, state: Mapping[str, Any]) -> None:
+    self.iterator.set_state(state)
+
+
 @dataclasses.dataclass(frozen=True)
 class StepInfo:
   """One finished step: `step` counts steps done (the state's step after the update)."""
@@ -36,13 +67,31 @@ class StepInfo:
   batch: Mapping[str, jax.Array]
   last: bool  # the last step of this invocation (end, stop_after_steps or preemption)
   stopping: bool  # preempted / interrupted: the run stops after this step
+  stream: Stream | None = None  # the batch stream (a hook may replace its iterator)
 
 
 @dataclasses.dataclass(frozen=True)
 class Hook:
+  """`fn(info)` at multiples of any of `every` (0 or negative: never), and on the last step with `at_end`.
+
+  A hook with state names itself: `state_dict()` is saved with every checkpoint (under
+  meta["hooks"][name]) and `load_state_dict(state, stream)` gets it back, with the batch
+  stream, when a run resumes -- before the stream's data state is restored.
+  """
+
   fn: Callable[[StepInfo], None]
-  every: tuple[int, ...]
-  at_end: bool
+  every: int | tuple[int, ...]
+  at_end: bool = False
+  name: str | None = None
+  state_dict: Callable[[], Mapping[str, Any]] | None = None
+  load_state_dict: Callable[[Mapping[str, Any], Stream], None] | None = None
+
+  def __post_init__(self):
+    object.__setattr__(self, "every", (self.every,) if isinstance(self.every, int) else tuple(self.every))
+    if (self.state_dict is None) != (self.load_state_dict is None):
+      raise ValueError("a hook with state needs both state_dict and load_state_dict")
+    if self.state_dict is not None and not self.name:
+      raise ValueError("a hook with state needs a name (its key in the checkpoint)")
 
   def due(self, info: StepInfo) -> bool:
     return (self.at_end and info.last) or any(n > 0 and info.step % n == 0 for n in self.every)
@@ -55,8 +104,22 @@ class Hooks:
     self.hooks: list[Hook] = []
 
   def add_hook(self, fn: Callable[[StepInfo], None], *, every: int | Sequence[int], at_end: bool = False) -> None:
-    periods = (every,) if isinstance(every, int) else tuple(every)
-    self.hooks.append(Hook(fn, periods, at_end))
+    self.add(Hook(fn, every if isinstance(every, int) else tuple(every), at_end))
+
+  def add(self, hook: Hook) -> None:
+    if hook.name and hook.name in {h.name for h in self.hooks}:
+      raise ValueError(f"two hooks are named {hook.name!r}; a hook's name keys its state in the checkpoint")
+    self.hooks.append(hook)
+
+  def state_dict(self) -> dict[str, Any]:
+    """The state of every hook that keeps one, by name (saved in the checkpoint's metadata)."""
+    return {h.name: dict(h.state_dict()) for h in self.hooks if h.state_dict is not None}
+
+  def load_state_dict(self, states: Mapping[str, Any], stream: Stream) -> None:
+    """Hands each stateful hook its saved state; a hook the checkpoint does not know starts fresh."""
+    for h in self.hooks:
+      if h.load_state_dict is not None and h.name in states:
+        h.load_state_dict(states[h.name], stream)
 
   def run(self, info: StepInfo) -> None:
     for hook in self.hooks:
@@ -240,3 +303,29 @@ class Checkpoint:
     self.save(info.state, info.step, force=info.stopping)
     if not info.stopping:
       self.writer.flush()
+
+
+def trainer_hooks(*, mngr, writer, save: Callable[..., None], evaluate: Callable[[Any], float | None],
+                  on_score: Callable[[int, float, Any], None] | None, caller: Sequence[Hook], global_batch_size: int,
+                  num_train_steps: int, log_every: int, checkpoint_every: int, eval_every: int, bar=None,
+                  lead: bool = True) -> tuple[Hooks, LogMetrics]:
+  """The trainer's hooks in their order (module doc), with the caller's before the checkpoint.
+
+  Returns the hooks and the metrics hook (whose `last` is the run's last logged metrics).
+  """
+  nan_guard = NanGuard(mngr)
+  throughput = Throughput(global_batch_size)
+  metrics = LogMetrics(writer, throughput, num_train_steps=num_train_steps, bar=bar, lead=lead)
+  logged = (log_every, checkpoint_every)  # a checkpoint step is a logged (and NaN-checked) step
+  hooks = Hooks()
+  hooks.add_hook(nan_guard.record, every=1)
+  hooks.add_hook(throughput.count, every=1)
+  hooks.add_hook(nan_guard.check, every=logged, at_end=True)
+  hooks.add_hook(metrics, every=logged, at_end=True)
+  if bar is not None:
+    hooks.add_hook(lambda info: bar.update(1), every=1)
+  hooks.add_hook(PeriodicEval(evaluate, writer, skip_step=num_train_steps, on_score=on_score), every=eval_every)
+  for hook in caller:  # before the checkpoint: what they change at a step is saved with it
+    hooks.add(hook)
+  hooks.add_hook(Checkpoint(save, writer), every=checkpoint_every, at_end=True)
+  return hooks, metrics

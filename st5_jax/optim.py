@@ -30,7 +30,8 @@ The optimizer state (`AdafactorState`) holds, per parameter, v_row/v_col (factor
 v (not factored), with (1,)-shaped placeholders in the unused slots, and m with
 momentum. `state_partition_specs` derives each leaf's PartitionSpec from its
 parameter's, dimension by dimension (v_row keeps the row dim's entry, v_col the
-column's), so the statistics live where their parameter's shards are.
+column's), so the statistics live where their parameter's shards are; `state_shardings`
+places them on a mesh.
 
 The optimizer state is always created fresh, so its step count starts at 0 when
 training starts from a pre-trained checkpoint (a carried-over count would start the
@@ -47,7 +48,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from st5_jax import partitioning
 
 # Logical axis names that stack independent copies of a parameter (t5x FactorDim.BATCH).
 BATCH_AXIS_NAMES = ("layers",)
@@ -375,3 +378,17 @@ def state_partition_specs(config: OptimizerConfig | AdamWConfig, *, abstract_par
   m = treedef.unflatten([P(*s) for s in specs]) if config.momentum is not None else None
   return AdafactorState(count=rep, v_row=treedef.unflatten(v_row), v_col=treedef.unflatten(v_col),
                         v=treedef.unflatten(v), m=m)
+
+
+def state_shardings(config: OptimizerConfig | AdamWConfig, boxed_abstract_params: Any, mesh: Mesh,
+                    rules=partitioning.DEFAULT_RULES) -> Any:
+  """NamedShardings of the optimizer state, derived from the parameters' specs (`state_partition_specs`).
+
+  Each state leaf takes exactly the spec entries of the parameter dims it keeps (v_row the
+  row dim's, v_col the column's, a scanned stack's `layers` dim in both) -- never a guess
+  from shapes, which goes wrong for square kernels.
+  """
+  specs = state_partition_specs(config, abstract_params=nn.unbox(boxed_abstract_params),
+                                param_specs=partitioning.param_specs(boxed_abstract_params, rules),
+                                param_axes=logical_axes(boxed_abstract_params))
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))

@@ -9,8 +9,8 @@ module alone decides where they go. Mesh axes:
   model  tensor parallelism (heads / MLP / vocab split across chips)
 
 The batch is split over ("data", "fsdp"). Optimizer-state shardings are derived from
-the parameters' (t5x's approach), so a factored Adafactor row/column follows the
-parameter dimension it keeps (`optimizer_state_shardings`).
+the parameters' specs here (t5x's approach) by the optimizer, which knows which
+parameter dimension each statistic keeps (st5_jax.optim.state_shardings).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from st5_jax import optim
 from st5_jax import batch_geometry
 
 MESH_AXES = ("data", "fsdp", "model")
@@ -139,22 +138,6 @@ def param_shardings(boxed_abstract_params: Any, mesh: Mesh, rules=DEFAULT_RULES)
   """NamedShardings for the (unboxed) parameter tree; checks divisibility."""
   specs = param_specs(boxed_abstract_params, rules)
   check_divisible(nn.unbox(boxed_abstract_params), specs, mesh)
-  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
-
-
-def optimizer_state_shardings(optimizer_config: Any, boxed_abstract_params: Any, mesh: Mesh,
-                              rules=DEFAULT_RULES) -> Any:
-  """NamedShardings of the Adafactor state, derived from the parameters' specs.
-
-  The optimizer knows which parameter dims each statistic keeps (st5_jax.optim
-  `state_partition_specs`: v_row keeps the row dim, v_col the column dim, a scanned
-  stack's `layers` dim stays in both), so each state leaf takes exactly those entries
-  of its parameter's spec -- never a guess from shapes, which goes wrong for square
-  kernels.
-  """
-  specs = optim.state_partition_specs(optimizer_config, abstract_params=nn.unbox(boxed_abstract_params),
-                                      param_specs=param_specs(boxed_abstract_params, rules),
-                                      param_axes=optim.logical_axes(boxed_abstract_params))
   return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
 
 

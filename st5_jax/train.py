@@ -4,11 +4,11 @@ One pure `train_step(state, batch)` (jit with explicit in/out shardings, donated
 state) and the driver around it: init or resume, data, then a loop that steps, asks
 the preemption flag and hands every step to the hooks of st5_jax/hooks.py (NaN guard,
 throughput, metrics via st5_jax/metric_writer.py, progress, periodic STS-B dev
-evaluation with one compiled encoder, checkpoints). The objective
-(`TrainConfig.objective`) supplies the trainable module, the loss and its gradient,
-and the initialisation from a pre-trained path; this module names none. Checkpoint
-I/O lives in st5_jax/checkpoints/ (state.py, storage.py). Everything is configured by
-arguments; gin binds them in st5_jax/gin_config.py.
+evaluation with one compiled encoder, the caller's hooks, checkpoints). The objective
+(`TrainConfig.objective`) supplies the trainable module, the loss and its gradient, the
+initialisation from a pre-trained path and the inference towers; this module names none.
+Checkpoint I/O lives in st5_jax/checkpoints/ (state.py, storage.py). Everything is
+configured by arguments; gin binds them in st5_jax/gin_config.py.
 
 Resuming: a work dir that holds a committed checkpoint is restored (params, optimizer
 state, step, data-iterator position), so rerunning the same command after an
@@ -24,7 +24,7 @@ import logging
 import os
 import signal
 import time
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import flax
 import flax.linen as nn
@@ -35,22 +35,16 @@ import optax
 from jax.sharding import Mesh
 from tqdm import tqdm
 
-from st5_jax import multihost, objectives, partitioning, paths
+from st5_jax import multihost, objectives, optim, partitioning, paths
 from st5_jax import hooks as hooks_lib
 from st5_jax import vocab as vocab_lib
-from st5_jax.checkpoints import native
-from st5_jax.checkpoints.state import restore_latest_good, restore_state, save_state  # noqa: F401  (re-exported)
-from st5_jax.checkpoints import storage
-from st5_jax.checkpoints.storage import WorkdirWriteError, workdir_write_error  # noqa: F401  (re-exported)
+from st5_jax.checkpoints import native, storage
+from st5_jax.checkpoints.state import BestSaver, restore_latest_good, save_state
 from st5_jax.configs import ST5Config
 from st5_jax.evaluation import in_training
-from st5_jax.hooks import NonFiniteLossError  # noqa: F401  (what train() raises; callers catch train.NonFiniteLossError)
 from st5_jax.metric_writer import MetricWriter
-from st5_jax.model.st5 import SentenceT5
-from st5_jax.model.st5 import abstract_params as tower_abstract_params
 from st5_jax.objectives.base import Objective, ValueAndGrad, rebox
-from st5_jax.objectives.contrastive import Contrastive, embed_towers, make_embed_fn  # noqa: F401  (re-exported)
-from st5_jax.optim import AdamWConfig, OptimizerConfig, logical_axes, make_optimizer
+from st5_jax.optim import AdamWConfig, OptimizerConfig
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +67,9 @@ class TrainConfig:
 
   num_train_steps: int
   global_batch_size: int
-  # The loss and the trainable module: gin `TrainConfig.objective = @ConsertJoint()` (default: the
-  # paper's in-batch softmax, @Contrastive()).
-  objective: Objective = Contrastive()
+  # The loss and the trainable module: gin `TrainConfig.objective = @ConsertJoint()` (default:
+  # st5_jax.objectives.default(), the paper's in-batch softmax).
+  objective: Objective = dataclasses.field(default_factory=objectives.default)
   optimizer: OptimizerConfig | AdamWConfig = OptimizerConfig()
   seed: int = 0
   checkpoint_every: int = 1000
@@ -94,15 +88,7 @@ class TrainConfig:
     if self.early_stopping is not None and self.eval_every <= 0:
       raise ValueError(f"TrainConfig.early_stopping evaluates every TrainConfig.eval_every steps; set eval_every > 0 "
                        f"(it is {self.eval_every}).")
-    if isinstance(self.objective, str):
-      hint = objectives.LEGACY_NAMES.get(self.objective)
-      raise objectives.ObjectiveConfigError(
-          f"TrainConfig.objective = {self.objective!r} is the old form: write TrainConfig.objective = {hint}"
-          if hint else f"TrainConfig.objective must be an objective such as @Contrastive() (registered: "
-          f"{sorted(objectives.REGISTRY)}), got {self.objective!r}")
-    if not isinstance(self.objective, Objective):
-      raise objectives.ObjectiveConfigError(f"TrainConfig.objective must be an Objective (e.g. @Contrastive()), "
-                                            f"got {type(self.objective).__name__}")
+    objectives.check_is_objective(self.objective, "TrainConfig.objective")
 
   def to_dict(self) -> dict[str, Any]:
     """As written to the work dir's train_config.json: the objective by name, with its settings."""
@@ -205,12 +191,12 @@ def build(model_config: ST5Config, train_config: TrainConfig, mesh: Mesh,
   objective.check(model_config, train_config)
   model, boxed = objective.make_model(model_config), objective.abstract_params(model_config)
   # The logical axes tell Adafactor which dim of a scanned stack is `layers` (per-layer statistics).
-  tx, schedule = make_optimizer(train_config.optimizer, num_train_steps=train_config.num_train_steps,
-                                param_axes=logical_axes(boxed))
+  tx, schedule = optim.make_optimizer(train_config.optimizer, num_train_steps=train_config.num_train_steps,
+                                      param_axes=optim.logical_axes(boxed))
   params_abs = nn.unbox(boxed)
   p_shard = partitioning.param_shardings(boxed, mesh, rules)
   opt_abs = jax.eval_shape(tx.init, params_abs)
-  o_shard = partitioning.optimizer_state_shardings(train_config.optimizer, boxed, mesh, rules)
+  o_shard = optim.state_shardings(train_config.optimizer, boxed, mesh, rules)
   rep = partitioning.replicated(mesh)
   abstract_state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params_abs, opt_state=opt_abs)
   state_shardings = TrainState(step=rep, params=p_shard, opt_state=o_shard)
@@ -250,33 +236,27 @@ class TrainResult:
   interrupted_by: str | None
   summary: dict[str, Any]
 
-def _is_lead() -> bool:
-  return jax.process_index() == 0
-
-
 def make_sts_dev_eval(setup: Setup, model_config: ST5Config, *, data_dir: str | None, vocab_file: str,
                       rules=partitioning.DEFAULT_RULES, batch_size: int = 128) -> Callable[[Any], float | None]:
   """params -> STS-B dev Spearman x100 (None without data), on the run's mesh.
 
-  The tower (inference mode, no dropout) of the objective's trainable module encodes:
-  its parameter subtrees, re-boxed as in the step. Build it once per run and call it at
-  every evaluation: its encoder is compiled once per length bucket on the first call and
+  The objective's query-side inference tower encodes (STS compares sentences of one kind),
+  its parameters re-boxed as in the step. Build it once per run and call it at every
+  evaluation: its encoder is compiled once per length bucket on the first call and
   reused (tests/test_train.py counts compiles).
   """
   if not data_dir:
     return lambda params: None
-  tower_cfg = model_config.replace(t5=model_config.t5.replace(dropout_rate=0.0))
-  tower = SentenceT5(tower_cfg)
-  # The tower's parameter subtrees (training may hold more: an NLI head, SEED-Encoder's weak decoder).
-  boxed = {k: v for k, v in setup.boxed_params.items() if k in tower_abstract_params(tower_cfg)}
+  tower = setup.objective.inference_towers(model_config)["query"]
+  boxed = {k: setup.boxed_params[k] for k in tower.param_keys}
 
   def encode(params, tokens_BxL):
     with partitioning.with_rules(rules):
-      return tower.apply({"params": rebox(boxed, params)}, tokens_BxL)
+      return tower.module.apply({"params": rebox(boxed, params)}, tokens_BxL)
 
   evaluator = in_training.StsDevEvaluator(
-      in_training.ShardedEncoder(encode, param_keys=tuple(boxed), max_length=tower_cfg.max_length, mesh=setup.mesh,
-                                 param_shardings=setup.state_shardings.params,
+      in_training.ShardedEncoder(encode, param_keys=tower.param_keys, max_length=model_config.max_length,
+                                 mesh=setup.mesh, param_shardings=setup.state_shardings.params,
                                  tokenizer=vocab_lib.Tokenizer(vocab_file), batch_size=batch_size),
       data_dir=data_dir)
   return evaluator
@@ -286,7 +266,8 @@ def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: 
           make_iterator: IteratorFactory, mesh_config: partitioning.MeshConfig = partitioning.MeshConfig(),
           init_from: str | None = None, init_projection: str = "auto", vocab_file: str,
           eval_data_dir: str | None = None, rules=partitioning.DEFAULT_RULES, progress: bool = True,
-          run_info: Mapping[str, Any] | None = None, stop_after_steps: int | None = None) -> TrainResult:
+          run_info: Mapping[str, Any] | None = None, stop_after_steps: int | None = None,
+          hooks: Sequence[hooks_lib.Hook] = ()) -> TrainResult:
   """Trains (or resumes) in `workdir`; returns the final step and a summary.
 
   init_from: a pre-trained model in any format `SentenceEncoder.load` reads; its T5
@@ -296,6 +277,8 @@ def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: 
     right size, else initialises one; "fresh" always initialises it.
   stop_after_steps: stop (with a checkpoint) after this many steps of this invocation;
     for tests and time-boxed jobs. The schedule still follows num_train_steps.
+  hooks: the caller's own (st5_jax.hooks.Hook), run after the evaluation and before the
+    checkpoint of each step; one may replace the batch stream and keep state in the checkpoint.
 
   A work dir that stops taking writes (disk full, permissions) raises WorkdirWriteError
   naming the path and the free space; committed checkpoints stay intact for a rerun.
@@ -305,9 +288,9 @@ def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: 
     return _train(workdir=workdir, model_config=model_config, train_config=train_config,
                   make_iterator=make_iterator, mesh_config=mesh_config, init_from=init_from,
                   init_projection=init_projection, vocab_file=vocab_file, eval_data_dir=eval_data_dir, rules=rules,
-                  progress=progress, run_info=run_info, stop_after_steps=stop_after_steps)
+                  progress=progress, run_info=run_info, stop_after_steps=stop_after_steps, hooks=hooks)
   except Exception as e:
-    err = workdir_write_error(e, paths.path(workdir))
+    err = storage.workdir_write_error(e, paths.path(workdir))
     if err is None:
       raise
     raise err from e  # one line from the CLI (`st5 train: error: ...`), not also a log line
@@ -321,28 +304,32 @@ class _Run:
   config: TrainConfig
   mngr: Any  # orbax CheckpointManager
   writer: MetricWriter
-  iterator: BatchIterator
+  stream: hooks_lib.Stream
   sts_dev_eval: Callable[[Any], float | None]
   progress: bool
+  caller_hooks: hooks_lib.Hooks
   keeper: hooks_lib.BestKeeper | None = None  # early stopping
 
 
 def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, init_from, init_projection,
-           vocab_file, eval_data_dir, rules, progress, run_info, stop_after_steps) -> TrainResult:
+           vocab_file, eval_data_dir, rules, progress, run_info, stop_after_steps, hooks) -> TrainResult:
   workdir = paths.mkdir(workdir)  # local or gs://
   tc = train_config
+  caller_hooks = hooks_lib.Hooks()
+  for hook in hooks:
+    caller_hooks.add(hook)
   if tc.eval_every < 0:
     eval_data_dir = None
   elif not eval_data_dir:
     log.warning("No data dir ($ST5_DATA_DIR or gin st5_jax.data.options.data_dir): skipping STS-B dev evaluation.")
   mesh = partitioning.make_mesh(mesh_config)
   setup = build(model_config, tc, mesh, rules)
-  if _is_lead():
+  if multihost.is_lead():
     native.write_config(workdir, model_config)
     native.copy_vocab(workdir, vocab_file)
     (workdir / "train_config.json").write_text(json.dumps(tc.to_dict(), indent=2))
   mngr = native.checkpoint_manager(workdir, max_to_keep=tc.keep_checkpoints, enable_async_checkpointing=True)
-  writer = MetricWriter(workdir, enabled=_is_lead())
+  writer = MetricWriter(workdir, enabled=multihost.is_lead())
   try:
     summary_path = workdir / "results.json"
     summary: dict[str, Any] = json.loads(paths.read_text(summary_path)) if summary_path.exists() else {}
@@ -355,19 +342,21 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
                        "st5_jax.data.options.data_dir).")
     with jax.set_mesh(mesh):
       restored = restore_latest_good(mngr, setup)
-      iterator = make_iterator(mesh, tc.global_batch_size, tc.seed)
+      stream = hooks_lib.Stream(make_iterator(mesh, tc.global_batch_size, tc.seed), mesh=mesh,
+                                global_batch_size=tc.global_batch_size, seed=tc.seed)
       keeper = None
       if tc.early_stopping is not None:
-        keeper = hooks_lib.BestKeeper(tc.early_stopping, _best_saver(workdir, model_config, vocab_file),
+        keeper = hooks_lib.BestKeeper(tc.early_stopping, BestSaver(workdir, model_config, vocab_file),
                                       restored[1].get("early_stopping") if restored else None)
       if restored is not None:
         state, meta = restored
-        iterator.set_state(meta["data_state"])
+        caller_hooks.load_state_dict(meta.get("hooks", {}), stream)  # may switch the stream, before its position
+        stream.set_state(meta["data_state"])
         log.info("Resumed from %s at step %d", mngr.directory, meta["step"])
       else:
         init_params = None
         if init_from:
-          init_params = _load_pretrained(init_from, model_config, init_projection, tc.seed, objective=tc.objective)
+          init_params = tc.objective.init_from(init_from, model_config, init_projection=init_projection, seed=tc.seed)
           summary["init_from"] = str(init_from)
         state = init_state(setup, model_config, seed=tc.seed, init_params=init_params)
         before = sts_dev_eval(state.params)
@@ -382,8 +371,8 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
         log.info("Stopped early at step %d (best %s at step %s): nothing to resume.", keeper.stopped_at,
                  keeper.best, keeper.best_step)
         end = start_step
-      run = _Run(setup=setup, config=tc, mngr=mngr, writer=writer, iterator=iterator, sts_dev_eval=sts_dev_eval,
-                 progress=progress, keeper=keeper)
+      run = _Run(setup=setup, config=tc, mngr=mngr, writer=writer, stream=stream, sts_dev_eval=sts_dev_eval,
+                 progress=progress, caller_hooks=caller_hooks, keeper=keeper)
       t_start = time.perf_counter()
       state, step, interrupted, last_metrics = _loop(run, state, start_step=start_step, end=end)
       mngr.wait_until_finished()
@@ -402,7 +391,7 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
     mngr.wait_until_finished()
     mngr.close()
     writer.close()
-    if _is_lead():
+    if multihost.is_lead():
       paths.write_text(summary_path, json.dumps(summary, indent=2))
     return TrainResult(step=step, interrupted_by=interrupted, summary=summary)
   except BaseException:
@@ -410,86 +399,39 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
     raise
 
 
-def _best_saver(workdir, model_config: ST5Config, vocab_file: str) -> Callable[[Any, int, float], None]:
-  """Saves parameters to WORKDIR/best, a model folder of its own (every process calls it: orbax saves together)."""
-  best = paths.join(workdir, native.BEST_DIR)
-  mngr = None
-
-  def save(state: TrainState, step: int, score: float) -> None:
-    nonlocal mngr
-    if mngr is None:
-      if _is_lead():
-        native.write_config(best, model_config)
-        native.copy_vocab(best, vocab_file)
-      mngr = native.checkpoint_manager(best, max_to_keep=1)
-    if step in mngr.all_steps():  # a resumed run re-evaluating a step it had kept: the same parameters
-      return
-    mngr.save(step, args=native.ocp.args.Composite(params=native.ocp.args.StandardSave(state.params),
-                                                   meta=native.ocp.args.JsonSave({"step": step, "score": score})),
-              force=True)
-    mngr.wait_until_finished()
-
-  return save
-
-
-def _load_pretrained(path: str, model_config: ST5Config, init_projection: str, seed: int, *,
-                     objective: Objective | None = None) -> Any:
-  """The objective's parameter tree from a pre-trained model (`run.init_from`)."""
-  if init_projection not in ("auto", "fresh"):
-    raise ValueError(f"init_projection must be 'auto' or 'fresh', got {init_projection!r}")
-  objective = objective or Contrastive()
-  chosen = native.choose_checkpoint(path, "auto")  # a work dir that kept a best checkpoint starts from it
-  if chosen != os.fspath(paths.path(path)):
-    log.info("init_from %s: its best checkpoint (%s), kept by early stopping", path, chosen)
-  path = chosen
-  params, report = objective.load_pretrained(path, model_config, fresh_projection=(init_projection == "fresh"),
-                                             rng=jax.random.PRNGKey(seed + 1))
-  log.info("Initialised from %s: %s", path, report.summary())
-  return params
-
-
 def _loop(run: _Run, state: TrainState, *, start_step: int, end: int
           ) -> tuple[TrainState, int, str | None, dict[str, float]]:
   """Steps from `start_step` to `end`; returns (state, step, interrupting signal name, last logged metrics)."""
-  tc, iterator = run.config, run.iterator
+  tc, stream = run.config, run.stream
 
   def save(state_: TrainState, step_: int, *, force: bool) -> None:
-    meta = {"step": step_, "data_state": iterator.get_state(), "seed": tc.seed, "time": time.time()}
+    meta = {"step": step_, "data_state": stream.get_state(), "seed": tc.seed, "time": time.time()}
     if run.keeper is not None:
       meta["early_stopping"] = run.keeper.state_dict()
+    if run.caller_hooks.state_dict():
+      meta["hooks"] = run.caller_hooks.state_dict()
     save_state(run.mngr, state_, meta, force=force)
 
   bar = None
-  if run.progress and _is_lead():
+  if run.progress and multihost.is_lead():
     bar = tqdm(total=tc.num_train_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
-  nan_guard = hooks_lib.NanGuard(run.mngr)
-  throughput = hooks_lib.Throughput(tc.global_batch_size)
-  metrics_hook = hooks_lib.LogMetrics(run.writer, throughput, num_train_steps=tc.num_train_steps, bar=bar,
-                                      lead=_is_lead())
-  logged = (tc.log_every, tc.checkpoint_every)  # a checkpoint step is a logged (and NaN-checked) step
-  hooks = hooks_lib.Hooks()
-  hooks.add_hook(nan_guard.record, every=1)
-  hooks.add_hook(throughput.count, every=1)
-  hooks.add_hook(nan_guard.check, every=logged, at_end=True)
-  hooks.add_hook(metrics_hook, every=logged, at_end=True)
-  if bar is not None:
-    hooks.add_hook(lambda info: bar.update(1), every=1)
-  hooks.add_hook(hooks_lib.PeriodicEval(run.sts_dev_eval, run.writer, skip_step=tc.num_train_steps,
-                                        on_score=run.keeper.update if run.keeper else None),
-                 every=tc.eval_every)
-  hooks.add_hook(hooks_lib.Checkpoint(save, run.writer), every=tc.checkpoint_every, at_end=True)
+  hooks, metrics_hook = hooks_lib.trainer_hooks(
+      mngr=run.mngr, writer=run.writer, save=save, evaluate=run.sts_dev_eval,
+      on_score=run.keeper.update if run.keeper else None, caller=run.caller_hooks.hooks,
+      global_batch_size=tc.global_batch_size, num_train_steps=tc.num_train_steps, log_every=tc.log_every,
+      checkpoint_every=tc.checkpoint_every, eval_every=tc.eval_every, bar=bar, lead=multihost.is_lead())
 
   step, interrupted, step_fn = start_step, None, None
   with multihost.StopFlag() as stop:
     while step < end:
-      batch = next(iterator)
+      batch = next(stream)
       if step_fn is None:
         step_fn = multihost.compile_together(run.setup.step_fn, state, batch, name="train_step")
       state, metrics = step_fn(state, batch)
       step += 1
       stopping = stop.should_stop(step)  # every step, the same step on every process
       hooks.run(hooks_lib.StepInfo(step=step, state=state, metrics=metrics, batch=batch,
-                                   last=stopping or step == end, stopping=stopping))
+                                   last=stopping or step == end, stopping=stopping, stream=stream))
       if stopping:
         interrupted = signal.Signals(stop.signum).name
         break

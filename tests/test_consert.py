@@ -526,12 +526,12 @@ def test_joint_model_loads_without_its_head_exports_and_continues_unsupervised(t
 
   # init_from keeps the head for a joint run, drops it for NT-Xent only, initialises a fresh one
   # from a model without it.
-  joint_init = train._load_pretrained(str(joint_dir), joint_cfg, "auto", 0, objective=ConsertJoint())
+  joint_init = ConsertJoint().init_from(str(joint_dir), joint_cfg, init_projection="auto", seed=0)
   np.testing.assert_array_equal(joint_init["nli_classifier"]["kernel"], np.asarray(saved["nli_classifier"]["kernel"]))
   unsup_cfg = joint_cfg
-  assert "nli_classifier" not in train._load_pretrained(str(joint_dir), unsup_cfg, "auto", 0, objective=ConsertUnsup())
-  fresh = train._load_pretrained(str(tmp_path / "sentence-transformers"), joint_cfg, "auto", 0,
-                                 objective=ConsertJoint())
+  assert "nli_classifier" not in ConsertUnsup().init_from(str(joint_dir), unsup_cfg, init_projection="auto", seed=0)
+  fresh = ConsertJoint().init_from(str(tmp_path / "sentence-transformers"), joint_cfg, init_projection="auto",
+                                   seed=0)
   assert fresh["nli_classifier"]["kernel"].shape == (64, 3)
 
   # joint-unsup: NT-Xent only, started from the joint work dir.

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import synthetic
-from st5_jax import configs, features, optim, partitioning, train
+from st5_jax import configs, features, hooks, optim, partitioning, train
 from st5_jax.checkpoints import native, tree
 
 TINY = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0, vocab_size=384), embedding_dim=16)
@@ -53,7 +53,7 @@ def test_poisoned_batch_is_named_and_never_saved(tmp_path, vocab_path, bad_id):
   # Batch index 4 is step 5: steps 5 and 6 are NaN; step 6 is a checkpoint step (and the first
   # log step after it), which must not be saved, and the error must name step 5, not 6.
   data = lambda mesh, b, seed: PoisonedPairs(mesh, b, seed, poison_at=4, bad_id=bad_id)  # noqa: E731
-  with pytest.raises(train.NonFiniteLossError, match=r"at step 5;") as err:
+  with pytest.raises(hooks.NonFiniteLossError, match=r"at step 5;") as err:
     _run(tmp_path, vocab_path, data)
   assert _steps(tmp_path) == [2, 4]
   assert all(_all_finite(tmp_path, s) for s in (2, 4))
@@ -68,7 +68,7 @@ def test_clean_rerun_resumes_from_the_last_good_checkpoint(tmp_path, vocab_path)
   """After a poisoned run, a rerun with clean data restores step 4 and ends where a clean run does."""
   clean = synthetic.factory()
   poisoned = lambda mesh, b, seed: PoisonedPairs(mesh, b, seed, poison_at=6)  # noqa: E731
-  with pytest.raises(train.NonFiniteLossError, match=r"at step 7;"):
+  with pytest.raises(hooks.NonFiniteLossError, match=r"at step 7;"):
     _run(tmp_path / "a", vocab_path, poisoned, tc=_tc(num_train_steps=8))
   assert _steps(tmp_path / "a") == [2, 4, 6]
   r = _run(tmp_path / "a", vocab_path, clean, tc=_tc(num_train_steps=8))
@@ -94,6 +94,6 @@ def test_poisoned_parameter_stops_at_the_first_step(tmp_path, vocab_path, value)
   bad = tmp_path / "bad_model"
   native.save_model(bad, TINY, tree.unflatten(params), vocab_file=vocab_path)
   wd = tmp_path / "run"
-  with pytest.raises(train.NonFiniteLossError, match=r"at step 1;.*last good checkpoint is step None"):
+  with pytest.raises(hooks.NonFiniteLossError, match=r"at step 1;.*last good checkpoint is step None"):
     _run(wd, vocab_path, synthetic.factory(), init_from=str(bad))
   assert not (wd / "checkpoints").exists() or _steps(wd) == []

@@ -31,7 +31,7 @@ def test_grad_cache_equals_full_batch_gradient(chunks, negatives, bidirectional)
   loss_kw = dict(temperature=0.01, bidirectional=bidirectional, label_smoothing=0.0)
   (loss, metrics), grads = jax.jit(lambda p, b: _full_grad(model, p, b, loss_kw))(params, batch)
   (loss_c, metrics_c), grads_c = jax.jit(
-      lambda p, b: contrastive.grad_cache_value_and_grad(train.make_embed_fn(model), p, b, jax.random.PRNGKey(1),
+      lambda p, b: contrastive.grad_cache_value_and_grad(contrastive.make_embed_fn(model), p, b, jax.random.PRNGKey(1),
                                              chunks=chunks, loss_kw=loss_kw)
   )(params, batch)
   assert float(loss_c) == pytest.approx(float(loss), rel=1e-5)
@@ -73,7 +73,7 @@ def test_grad_cache_with_dropout_equals_the_gradient_of_its_masks():
   model = SentenceT5(cfg)
   params = nn.unbox(model.init(jax.random.PRNGKey(0), jnp.ones((1, 4), jnp.int32))["params"])
   loss_kw = dict(temperature=0.01, bidirectional=False, label_smoothing=0.0)
-  embed, key, chunks = train.make_embed_fn(model), jax.random.PRNGKey(3), 2
+  embed, key, chunks = contrastive.make_embed_fn(model), jax.random.PRNGKey(3), 2
   sides = (features.LEFT, features.RIGHT, features.RIGHT_NEG)
 
   def chunked_loss(p):

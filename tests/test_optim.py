@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 import synthetic
 from st5_jax import configs, features, optim, partitioning, train
 from st5_jax.checkpoints import tree
+from st5_jax.model.st5 import SentenceT5
 
 # ------------------------------------------------------------------ NumPy t5x reference
 
@@ -286,7 +287,7 @@ def test_state_shardings_follow_the_dims_each_statistic_keeps():
       "emb": ((32128, 768), ("vocab", "embed")),
   })
   cfg = optim.OptimizerConfig(momentum=0.9)
-  sh = partitioning.optimizer_state_shardings(cfg, boxed, mesh)
+  sh = optim.state_shardings(cfg, boxed, mesh)
   spec = lambda field, k: getattr(sh, field)[k].spec  # noqa: E731
   assert partitioning.param_specs(boxed)["q"] == P("fsdp", "model")
   # q [embed, joined_kv]: v_row keeps embed (fsdp), v_col keeps joined_kv (model).
@@ -351,7 +352,7 @@ def _train_two_steps(model, init_flat, opt_cfg):
       state, _ = setup.step_fn(state, next(batches))
   params = jax.device_get(state.params)
   tokens_BxL = synthetic.SyntheticPairs(mesh, 16, 7)._global_batch(0)[features.LEFT]
-  emb_BxD = np.asarray(train.SentenceT5(model).apply({"params": params}, jnp.asarray(tokens_BxL)))
+  emb_BxD = np.asarray(SentenceT5(model).apply({"params": params}, jnp.asarray(tokens_BxL)))
   return emb_BxD, {k: np.asarray(v) for k, v in tree.flatten(params).items()}
 
 
@@ -375,7 +376,7 @@ def test_scanned_and_unrolled_training_agree(size, pooling, min_dim):
   opt_cfg = optim.OptimizerConfig(learning_rate=1e-2, epsilon1=1e-6, min_dim_size_to_factor=min_dim)
   unrolled = _scan_cfg(size, pooling, scan=False)
   init = {k: np.asarray(v) for k, v in tree.flatten(nn.unbox(
-      train.SentenceT5(unrolled).init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))["params"])).items()}
+      SentenceT5(unrolled).init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))["params"])).items()}
   for k in init:  # a block whose weights (and so parameter scale) are 20x smaller
     if k.startswith(("encoder/layers_1/", "decoder/layers_1/")) and k.endswith("kernel"):
       init[k] = init[k] * 0.05

@@ -15,8 +15,9 @@ import pytest
 
 import synthetic
 from xla_env import xla_flags
-from st5_jax import configs, features, optim, partitioning, train
+from st5_jax import configs, features, hooks, optim, partitioning, train
 from st5_jax.checkpoints import native, tree
+from st5_jax.checkpoints import state as state_lib
 
 TINY = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0, vocab_size=384), embedding_dim=16)
 
@@ -165,7 +166,7 @@ def test_dropout_masks_change_every_step():
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, vocab_path):
   tc = _tc(num_train_steps=50, checkpoint_every=1, optimizer=optim.OptimizerConfig(learning_rate=1e38))
-  with pytest.raises(train.NonFiniteLossError, match="Non-finite") as err:
+  with pytest.raises(hooks.NonFiniteLossError, match="Non-finite") as err:
     _run(tmp_path, vocab_path, tc=tc)
   good = native.load_params(tmp_path)
   assert all(np.all(np.isfinite(np.asarray(v))) for v in tree.flatten(good[1]).values())
@@ -410,6 +411,6 @@ def test_init_from_a_t5x_checkpoint_resets_the_optimizer(tmp_path, vocab_path, f
   # The optimizer restarted: Adafactor's count is this run's 2 steps, not the checkpoint's 1000.
   setup = train.build(model, _tc(num_train_steps=2), partitioning.make_mesh(partitioning.MeshConfig()))
   mngr = native.checkpoint_manager(tmp_path, read_only=True)
-  state, _ = train.restore_state(mngr, 2, setup)
+  state, _ = state_lib.restore_state(mngr, 2, setup)
   mngr.close()
   assert int(state.opt_state.count) == 2

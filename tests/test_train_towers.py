@@ -1,4 +1,4 @@
-"""train.embed_towers: one forward for every tower of the same shape equals one forward per tower."""
+"""contrastive.embed_towers: one forward for every tower of the same shape equals one forward per tower."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from st5_jax import configs, features, losses, partitioning, train
+from st5_jax.objectives import contrastive
 from st5_jax.model.st5 import SentenceT5, abstract_params
 
 CFG = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0, vocab_size=384), embedding_dim=16)
@@ -29,14 +30,14 @@ def test_embed_towers_equals_one_forward_per_tower(lengths):
   mesh = partitioning.make_mesh(partitioning.MeshConfig())  # 8 fake devices: batch-sharded
   model = SentenceT5(CFG)
   boxed = abstract_params(CFG)
-  embed = train.make_embed_fn(model, boxed)
+  embed = contrastive.make_embed_fn(model, boxed)
   params = jax.jit(lambda k: model.init(k, jnp.ones((1, 8), jnp.int32))["params"])(jax.random.PRNGKey(0))
   params = jax.tree.map(lambda x: x.value if hasattr(x, "value") else x, params,
                         is_leaf=lambda x: hasattr(x, "value"))
 
   def both(p, b):
     with partitioning.with_rules(partitioning.DEFAULT_RULES):
-      fused = train.embed_towers(embed, p, b, jax.random.PRNGKey(1))
+      fused = contrastive.embed_towers(embed, p, b, jax.random.PRNGKey(1))
       single = {s: embed(p, t, jax.random.PRNGKey(2)) for s, t in b.items()}
       loss_f = losses.in_batch_softmax_loss(fused[features.LEFT], fused[features.RIGHT], fused.get(features.RIGHT_NEG))[0]
       loss_s = losses.in_batch_softmax_loss(single[features.LEFT], single[features.RIGHT], single.get(features.RIGHT_NEG))[0]
@@ -60,7 +61,7 @@ def test_embed_towers_moves_no_data_between_devices():
   B, L = 16, 12
   mesh = partitioning.make_mesh(partitioning.MeshConfig())
   model = SentenceT5(CFG)
-  embed = train.make_embed_fn(model, abstract_params(CFG))
+  embed = contrastive.make_embed_fn(model, abstract_params(CFG))
   params_abs = jax.eval_shape(lambda: jax.tree.map(
       lambda x: x.value if hasattr(x, "value") else x, model.init(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))[
           "params"], is_leaf=lambda x: hasattr(x, "value")))
@@ -71,7 +72,7 @@ def test_embed_towers_moves_no_data_between_devices():
 
   def fwd(p, b):
     with partitioning.with_rules(partitioning.DEFAULT_RULES):
-      e = train.embed_towers(embed, p, b, jax.random.PRNGKey(0))
+      e = contrastive.embed_towers(embed, p, b, jax.random.PRNGKey(0))
       return jnp.stack([e[s] for s in b], axis=1)  # [B, 3, D], batch-sharded like the inputs
 
   with jax.set_mesh(mesh):
@@ -84,13 +85,13 @@ def test_step_gradients_equal_one_forward_per_tower():
   B = 8
   batch = {s: jnp.asarray(_tokens(B, 10, i)) for i, s in enumerate((features.LEFT, features.RIGHT, features.RIGHT_NEG))}
   model = SentenceT5(CFG)
-  embed = train.make_embed_fn(model)
+  embed = contrastive.make_embed_fn(model)
   params = jax.tree.map(lambda x: x.value if hasattr(x, "value") else x,
                         model.init(jax.random.PRNGKey(3), jnp.ones((1, 8), jnp.int32))["params"],
                         is_leaf=lambda x: hasattr(x, "value"))
 
   def fused(p):
-    e = train.embed_towers(embed, p, batch, jax.random.PRNGKey(0))
+    e = contrastive.embed_towers(embed, p, batch, jax.random.PRNGKey(0))
     return losses.in_batch_softmax_loss(e[features.LEFT], e[features.RIGHT], e[features.RIGHT_NEG])[0]
 
   def separate(p):

@@ -1,9 +1,10 @@
-"""The training state on orbax: save, restore onto any mesh, and fall back past corrupt checkpoints.
+"""The training state on orbax: save, restore onto any mesh, fall back past corrupt checkpoints; the best one.
 
 The trainer's `TrainState` (step, params, optimizer state) is saved as three items of
-one orbax step (`params`, `opt_state`, `meta`: step, data-iterator position, seed, time).
-Restoring takes the abstract state and shardings of the run that restores, so a
-checkpoint written on one mesh restores onto another.
+one orbax step (`params`, `opt_state`, `meta`: step, data-iterator position, seed, time,
+and what the hooks keep). Restoring takes the abstract state and shardings of the run
+that restores, so a checkpoint written on one mesh restores onto another. `BestSaver`
+keeps the best evaluated parameters in WORKDIR/best, a model folder of its own.
 """
 
 from __future__ import annotations
@@ -17,12 +18,10 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from st5_jax import multihost, paths
+from st5_jax.checkpoints import native
+from st5_jax.configs import ST5Config
 
 log = logging.getLogger(__name__)
-
-
-def _is_lead() -> bool:
-  return jax.process_index() == 0
 
 
 def _abstract_with_shardings(abstract: Any, shardings: Any) -> Any:
@@ -71,7 +70,7 @@ def restore_latest_good(mngr, setup) -> tuple[Any, dict[str, Any]] | None:
 
 def _move_aside(mngr, steps: list[int]) -> None:
   """Renames unreadable step dirs out of orbax's listing (lead process), then re-lists on all."""
-  if _is_lead():
+  if multihost.is_lead():
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for step in steps:
       src = paths.path(mngr.directory) / str(step)
@@ -86,3 +85,29 @@ def save_state(mngr, state, meta: dict[str, Any], *, force: bool = False) -> Non
   mngr.save(int(meta["step"]), args=ocp.args.Composite(params=ocp.args.StandardSave(state.params),
                                                        opt_state=ocp.args.StandardSave(state.opt_state),
                                                        meta=ocp.args.JsonSave(meta)), force=force)
+
+
+class BestSaver:
+  """Saves parameters to WORKDIR/best, a model folder of its own (config, vocabulary, one orbax step).
+
+  Every process calls it (orbax saves together); the lead writes the config and vocabulary.
+  Called as `saver(state, step, score)` by early stopping's BestKeeper.
+  """
+
+  def __init__(self, workdir: paths.PathLike, model_config: ST5Config, vocab_file: str):
+    self.directory = paths.join(workdir, native.BEST_DIR)
+    self.model_config, self.vocab_file = model_config, vocab_file
+    self._mngr = None
+
+  def __call__(self, state, step: int, score: float) -> None:
+    if self._mngr is None:
+      if multihost.is_lead():
+        native.write_config(self.directory, self.model_config)
+        native.copy_vocab(self.directory, self.vocab_file)
+      self._mngr = native.checkpoint_manager(self.directory, max_to_keep=1)
+    if step in self._mngr.all_steps():  # a resumed run re-evaluating a step it had kept: the same parameters
+      return
+    self._mngr.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(state.params),
+                                                  meta=ocp.args.JsonSave({"step": step, "score": score})),
+                    force=True)
+    self._mngr.wait_until_finished()

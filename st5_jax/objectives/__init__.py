@@ -13,14 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from st5_jax.objectives.base import REGISTRY, Feature, Objective, ObjectiveConfigError, register
+from st5_jax.objectives.base import REGISTRY, SIDES, Feature, InferenceTower, Objective, ObjectiveConfigError, register
 from st5_jax.objectives.align_uniform import AlignUniform
 from st5_jax.objectives.consert.objective import ConsertJoint, ConsertUnsup
 from st5_jax.objectives.contrastive import Contrastive
 from st5_jax.objectives.seed_encoder.objective import SeedEncoder
 
-__all__ = ["REGISTRY", "AlignUniform", "ConsertJoint", "ConsertUnsup", "Contrastive", "Feature", "Objective",
-           "ObjectiveConfigError", "SeedEncoder", "get", "import_all_tasks", "register"]
+__all__ = ["REGISTRY", "SIDES", "AlignUniform", "ConsertJoint", "ConsertUnsup", "Contrastive", "Feature",
+           "InferenceTower", "Objective", "ObjectiveConfigError", "SeedEncoder", "default", "get", "import_all_tasks",
+           "register"]
 
 # The string values `TrainConfig.objective` took before objectives were configurables (2026-12),
 # and what to write instead.
@@ -32,6 +33,22 @@ LEGACY_NAMES = {
     "consert_joint": "@ConsertJoint() (its settings: ConsertJoint.view1, ..., .nli_classes)",
     "seed_encoder": "@SeedEncoder() (its settings: SeedEncoder.num_layers, .window, .memory, .decoder_loss_weight)",
 }
+
+
+def check_is_objective(value: Any, where: str) -> None:
+  """Refuses a value that is not an Objective (the old string form gets its replacement named)."""
+  if isinstance(value, str):
+    hint = LEGACY_NAMES.get(value)
+    raise ObjectiveConfigError(
+        f"{where} = {value!r} is the old form: write {where} = {hint}" if hint else
+        f"{where} must be an objective such as @Contrastive() (registered: {sorted(REGISTRY)}), got {value!r}")
+  if not isinstance(value, Objective):
+    raise ObjectiveConfigError(f"{where} must be an Objective (e.g. @Contrastive()), got {type(value).__name__}")
+
+
+def default() -> Objective:
+  """The objective of a run that names none: the paper's in-batch softmax (`TrainConfig.objective`'s default)."""
+  return Contrastive()
 
 
 def get(objective: Any) -> Objective:

@@ -12,6 +12,8 @@ so none of them names an objective (t5x's `BaseModel`, sentence-transformers' lo
   make_value_and_grad(...)            (params, batch, dropout key) -> ((loss, metrics), grads)
   step_flops(...)                     model FLOPs of one step (forward + backward)
   load_pretrained(...)                its parameter tree from a pre-trained path (`run.init_from`)
+  inference_towers(model_config)      what encodes at inference, by side (query / document): the module and
+                                      the parameter subtrees of the trainable module it reads
   task_modules                        the modules that register the seqio tasks it ships
   example_gin                         its shipped tiny CPU gin file (the contract test builds it)
 
@@ -23,19 +25,40 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
+import os
 from typing import Any, Callable, ClassVar, Mapping
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from st5_jax.checkpoints import loader
+from st5_jax import paths
+from st5_jax.checkpoints import loader, native
 from st5_jax.configs import ST5Config
 from st5_jax.model.st5 import SentenceT5
+from st5_jax.model.st5 import abstract_params as tower_abstract_params
 
+log = logging.getLogger(__name__)
 Array = jax.Array
 # (params, batch, dropout key) -> ((loss, metrics), grads)
 ValueAndGrad = Callable[[Any, Mapping[str, Array], Array], tuple[tuple[Array, dict], Any]]
+
+
+# The sides an inference tower encodes: queries and documents (the same tower for a shared dual encoder).
+SIDES = ("query", "document")
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceTower:
+  """One side's encoder at inference: `module.apply({"params": {k: params[k] for k in param_keys}}, tokens_BxL)`.
+
+  param_keys: the top-level parameter subtrees of the trainable module it reads (training
+  may hold more: ConSERT's NLI head, SEED-Encoder's weak decoder).
+  """
+
+  module: nn.Module
+  param_keys: tuple[str, ...]
 
 
 class ObjectiveConfigError(ValueError):
@@ -130,6 +153,32 @@ class Objective:
         init_fn=(lambda cfg, key: self.init_params(cfg, key)) if self.head_prefixes else None)
     check_same_architecture(path, fmt, loaded_cfg.t5, model_config)
     return params, report
+
+  def init_from(self, path: str, model_config: ST5Config, *, init_projection: str = "auto", seed: int = 0) -> Any:
+    """The parameter tree a run starts from (`run.init_from`): a work dir's best checkpoint when it kept one.
+
+    init_projection: "auto" keeps the checkpoint's projection when it has one of the right
+    size, else initialises one; "fresh" always initialises it (with PRNGKey(seed + 1)).
+    """
+    if init_projection not in ("auto", "fresh"):
+      raise ValueError(f"init_projection must be 'auto' or 'fresh', got {init_projection!r}")
+    chosen = native.choose_checkpoint(path, "auto")
+    if chosen != os.fspath(paths.path(path)):
+      log.info("init_from %s: its best checkpoint (%s), kept by early stopping", path, chosen)
+    params, report = self.load_pretrained(chosen, model_config, fresh_projection=(init_projection == "fresh"),
+                                          rng=jax.random.PRNGKey(seed + 1))
+    log.info("Initialised from %s: %s", chosen, report.summary())
+    return params
+
+  def inference_towers(self, model_config: ST5Config) -> dict[str, InferenceTower]:
+    """The towers that encode at inference, by side (SIDES): here one shared `SentenceT5` without dropout.
+
+    The trainer's in-training evaluation encodes with them; an objective whose inference
+    model differs (asymmetric towers, a removable head) overrides this.
+    """
+    cfg = model_config.replace(t5=model_config.t5.replace(dropout_rate=0.0))
+    tower = InferenceTower(SentenceT5(cfg), tuple(tower_abstract_params(cfg)))
+    return {side: tower for side in SIDES}
 
   # ------------------------------------------------------------------ shared by the callers
 
