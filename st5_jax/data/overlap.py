@@ -3,8 +3,9 @@
 Texts are compared after normalisation: NFKC, lower case, and only letters and digits
 kept ("A man is running ." == "a man is running."), so tokenisation and spacing
 variants of the same sentence match. The evaluation texts of a set are every text its
-evaluation encodes (st5_jax.evaluation.harness: STS pairs, SentEval and SentGLUE
-sentences, classifier training parts included).
+evaluation encodes (st5_jax.evaluation.sets: STS pairs, SentEval and SentGLUE
+sentences, classifier training parts included); a set added there is decontaminated
+against here too.
 
 * The public tasks are decontaminated when they are built: an example with any text
   that occurs in an evaluation set is dropped and counted (`rows_filtered`, reason
@@ -15,7 +16,8 @@ sentences, classifier training parts included).
   when any do): st5_jax.data.offline.overlap_report, built on this module.
 
 This module is part of the runtime pipeline (st5_jax.data.sources and tfds_tasks call it
-while building a task) and imports no task source.
+while building a task) and imports no task source; of the evaluation package only the
+light st5_jax.evaluation.sets (no scikit-learn, no harness).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from typing import Mapping, Sequence
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from st5_jax.evaluation import harness
+from st5_jax.evaluation import sets as eval_sets
 
 log = logging.getLogger("st5_jax.data")
 # Bump when what counts as overlap changes (prepared files are then rebuilt).
@@ -44,8 +46,8 @@ def normalize(text: str) -> str:
 def evaluation_sets(names: str | Sequence[str] = "all") -> list[str]:
   """Evaluation task names (suites and aliases as `st5 eval --tasks`; 'all' includes STS-B dev)."""
   if names == "all" or names == ["all"]:
-    return list(harness.TASKS)
-  return harness.resolve_tasks(names)
+    return list(eval_sets.SETS)
+  return eval_sets.resolve_tasks(names)
 
 
 @functools.lru_cache(maxsize=4)
@@ -53,7 +55,7 @@ def _evaluation_texts(data_dir: str, names: tuple[str, ...]) -> tuple[dict[str, 
   out, missing = {}, []
   for name in names:
     try:
-      texts, _ = harness.TASKS[name].build(data_dir)
+      texts = eval_sets.texts(name, data_dir)
     except FileNotFoundError as e:
       missing.append(f"{name} ({e})")
       continue
@@ -79,7 +81,7 @@ def missing_evaluation_sets(data_dir: str, names: str | Sequence[str] = "all") -
 
 @functools.lru_cache(maxsize=2)
 def evaluation_index(data_dir: str) -> dict[str, str]:
-  """{normalised evaluation text: the first evaluation set (harness order) that holds it}."""
+  """{normalised evaluation text: the first evaluation set (order of st5_jax.evaluation.sets.SETS) that holds it}."""
   index: dict[str, str] = {}
   for name, texts in evaluation_texts(data_dir).items():
     for t in texts:

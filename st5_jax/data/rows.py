@@ -27,6 +27,8 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import google_crc32c
 
 from st5_jax import paths
+# Defined on the ground floor (evaluation readers raise them too); re-exported here for the data modules.
+from st5_jax.errors import BadRowError, InputFileError
 
 logger = logging.getLogger("st5_jax.data")
 
@@ -40,14 +42,6 @@ _SURROGATE = re.compile("[\udc80-\udcff]")
 _BOM = "\ufeff"
 # A TFRecord claiming more than this is corrupt (protects memory from a bad length).
 MAX_RECORD_BYTES = 1 << 30
-
-
-class BadRowError(ValueError):
-  """A bad row in strict mode; the message is `file:line: reason`."""
-
-
-class InputFileError(FileNotFoundError):
-  """An input file or pattern is missing or empty; the message names it."""
 
 
 @dataclasses.dataclass

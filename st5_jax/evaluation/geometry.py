@@ -11,6 +11,8 @@ and the expectation for uniformity runs over distinct pairs i < j (as
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from st5_jax.evaluation import readers
@@ -45,11 +47,11 @@ def uniformity(x_NxD: np.ndarray, *, t: float = 2.0, block: int = 2048) -> float
   return float(np.log(total / (n * (n - 1) / 2)))
 
 
-def align_uniform_task(root, *, kfold: int = 10, split: str = "test"):
+def align_uniform_task(data: readers.PairScores, *, kfold: int = 10, split: str = "test") -> Callable[[Encode], dict]:
+  """`data`: STS-B pairs of `split` (st5_jax.evaluation.sets reads the test split); run(embed) -> result dict."""
   del kfold
-  data = readers.read_stsb(root, split=split)
   pos = data.scores >= POSITIVE_MIN_SCORE
-  texts = list(dict.fromkeys(data.sents1 + data.sents2))
+  texts = list(dict.fromkeys(data.sents1 + data.sents2))  # the data distribution: each distinct sentence once
 
   def run(embed: Encode) -> dict:
     a = [s for s, keep in zip(data.sents1, pos) if keep]
@@ -57,4 +59,4 @@ def align_uniform_task(root, *, kfold: int = 10, split: str = "test"):
     return {"alignment": alignment(embed(a), embed(b)), "uniformity": uniformity(embed(texts)),
             "n_positive_pairs": int(pos.sum()), "n_sentences": len(texts), "split": split,
             "main": None, "metric": None}
-  return texts, run
+  return run

@@ -1,4 +1,8 @@
-"""The task registry and `evaluate`: any encoder through the same protocol."""
+"""The task registry and `evaluate`: any encoder through the same protocol.
+
+What each task reads and encodes is st5_jax.evaluation.sets (light: decontamination uses it
+too); how each is scored is `SCORERS` here.
+"""
 
 from __future__ import annotations
 
@@ -12,95 +16,63 @@ import numpy as np
 import sklearn
 
 from st5_jax import paths
-from st5_jax.evaluation import geometry, readers, sentglue, sts, transfer
+from st5_jax.evaluation import geometry, sentglue, sets, sts, transfer
 from st5_jax.evaluation.cache import EmbeddingCache, Encode
+from st5_jax.evaluation.sets import SUITES, resolve_tasks  # also harness.SUITES, harness.resolve_tasks for callers
 
 log = logging.getLogger(__name__)
+
+
+def _sts(*, per_subset: bool) -> Callable:
+  def score(data, *, kfold: int = 10):
+    del kfold
+    return lambda embed: sts.evaluate_pairs(data, embed, per_subset=per_subset)
+  return score
+
+
+# How each evaluation set of sets.SETS is scored, by the same name:
+# score(the data sets.SETS[name].read returns, kfold=...) -> run(embed) -> result dict.
+SCORERS: dict[str, Callable] = {
+    **{f"STS{year}": _sts(per_subset=True) for year in (12, 13, 14, 15, 16)},
+    "STSBenchmark": _sts(per_subset=False),
+    "SICKRelatedness": _sts(per_subset=False),
+    **{task: transfer.binary_task for task in ("MR", "CR", "SUBJ", "MPQA")},
+    "SST2": transfer.sst2_task,
+    "TREC": transfer.trec_task,
+    "MRPC": transfer.mrpc_task,
+    "SentGLUE-CoLA": sentglue.cola_task,
+    "SentGLUE-SST2": sentglue.sst2_task,
+    "SentGLUE-MRPC": sentglue.mrpc_task,
+    "SentGLUE-STSB": sentglue.stsb_task,
+    "SentGLUE-RTE": sentglue.rte_task,
+    "SentGLUE-QNLI": sentglue.qnli_task,
+    "AlignUniform": geometry.align_uniform_task,
+    "STSBenchmarkDev": _sts(per_subset=False),
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
   name: str
   suite: str
-  # build(data_root, kfold=...) -> (every text the task encodes, run(embed) -> result dict)
-  build: Callable
+  read: Callable  # sets.EvalSet.read: data folder -> (every text the task encodes, the parsed data)
+  score: Callable  # SCORERS[name]
   files: str  # what the number is computed from, relative to the data folder.
 
-
-def _sts(read: Callable, *, per_subset: bool):
-  def build(root, *, kfold: int = 10):
-    del kfold
-    data = read(root)
-    return data.sents1 + data.sents2, lambda embed: sts.evaluate_pairs(data, embed, per_subset=per_subset)
-  return build
+  def build(self, root, *, kfold: int = 10):
+    """(every text the task encodes, run(embed) -> result dict)."""
+    texts, data = self.read(root)
+    return texts, self.score(data, kfold=kfold)
 
 
-def _sts_year(year: int):
-  return _sts(lambda root: readers.read_sts(root, year=year), per_subset=True)
+def _tasks() -> dict[str, TaskSpec]:
+  if set(SCORERS) != set(sets.SETS):
+    raise RuntimeError(f"evaluation sets without a scorer: {sorted(set(sets.SETS) - set(SCORERS))}; "
+                       f"scorers without a set: {sorted(set(SCORERS) - set(sets.SETS))}")
+  return {name: TaskSpec(name, s.suite, s.read, SCORERS[name], s.files) for name, s in sets.SETS.items()}
 
 
-def _stsb(split: str):
-  return _sts(lambda root: readers.read_stsb(root, split=split), per_subset=False)
-
-
-def _sick(root, *, kfold: int = 10):
-  del kfold
-  data = readers.read_sick(root, split="test")
-  return data.sents1 + data.sents2, lambda embed: sts.evaluate_pairs(data, embed, per_subset=False)
-
-
-_STS_FILES = "sts12-16/original/STS{yy}-en-test/{prefix}.input|gs.<subset>.txt"
-TASKS: dict[str, TaskSpec] = {t.name: t for t in [
-    TaskSpec("STS12", "sts", _sts_year(2012), _STS_FILES.format(yy=12, prefix="STS")),
-    TaskSpec("STS13", "sts", _sts_year(2013), _STS_FILES.format(yy=13, prefix="STS") + " (no SMT)"),
-    TaskSpec("STS14", "sts", _sts_year(2014), _STS_FILES.format(yy=14, prefix="STS")),
-    TaskSpec("STS15", "sts", _sts_year(2015), _STS_FILES.format(yy=15, prefix="STS")),
-    TaskSpec("STS16", "sts", _sts_year(2016), _STS_FILES.format(yy=16, prefix="STS2016")),
-    TaskSpec("STSBenchmark", "sts", _stsb("test"), "stsb/original/sts-test.csv"),
-    TaskSpec("SICKRelatedness", "sts", _sick, "sick/brmson_semeval2014/SICK_test_annotated.txt"),
-    TaskSpec("MR", "transfer", transfer.binary_task("MR"), "senteval_transfer/MR/rt-polarity.{pos,neg}"),
-    TaskSpec("CR", "transfer", transfer.binary_task("CR"), "senteval_transfer/CR/custrev.{pos,neg}"),
-    TaskSpec("SUBJ", "transfer", transfer.binary_task("SUBJ"), "senteval_transfer/SUBJ/subj.{objective,subjective}"),
-    TaskSpec("MPQA", "transfer", transfer.binary_task("MPQA"), "senteval_transfer/MPQA/mpqa.{pos,neg}"),
-    TaskSpec("SST2", "transfer", transfer.sst2_task, "senteval_transfer/SST/binary/sentiment-{train,dev,test}"),
-    TaskSpec("TREC", "transfer", transfer.trec_task, "senteval_transfer/TREC/{train_5500,TREC_10}.label"),
-    TaskSpec("MRPC", "transfer", transfer.mrpc_task, "senteval_transfer/MRPC/msr_paraphrase_{train,test}.txt"),
-    TaskSpec("SentGLUE-CoLA", "sentglue", sentglue.cola_task,
-             "glue/CoLA/{train,dev,out_of_domain_dev}.tsv"),
-    TaskSpec("SentGLUE-SST2", "sentglue", sentglue.sst2_task, "glue/SST-2/{train,dev}.tsv"),
-    TaskSpec("SentGLUE-MRPC", "sentglue", sentglue.mrpc_task, "glue/MRPC/{train,dev}.tsv"),
-    TaskSpec("SentGLUE-STSB", "sentglue", sentglue.stsb_task, "glue/STS-B/{train,dev}.tsv"),
-    TaskSpec("SentGLUE-RTE", "sentglue", sentglue.rte_task, "glue/RTE/{train,dev}.tsv"),
-    TaskSpec("SentGLUE-QNLI", "sentglue", sentglue.qnli_task, "glue/QNLI/dev.tsv (two halves)"),
-    TaskSpec("AlignUniform", "geometry", geometry.align_uniform_task, "stsb/original/sts-test.csv"),
-    TaskSpec("STSBenchmarkDev", "dev", _stsb("dev"), "stsb/original/sts-dev.csv"),
-]}
-SUITES = {suite: [t.name for t in TASKS.values() if t.suite == suite]
-          for suite in dict.fromkeys(t.suite for t in TASKS.values())}
-SUITES["all"] = [t.name for t in TASKS.values() if t.suite != "dev"]
-_ALIASES = {"sts-b": "STSBenchmark", "stsb": "STSBenchmark", "sick-r": "SICKRelatedness", "sickr": "SICKRelatedness",
-            "sst-2": "SST2", "geometry": "AlignUniform"}
-
-
-def resolve_tasks(tasks: str | Sequence[str]) -> list[str]:
-  """Task and suite names (case-insensitive, comma-separated or a list) -> task names, in order."""
-  if isinstance(tasks, str):
-    tasks = [tasks]
-  lower = {name.lower(): name for name in TASKS}
-  out = []
-  for item in (t.strip() for entry in tasks for t in entry.split(",")):
-    if not item:
-      continue
-    key = item.lower()
-    if key in SUITES:
-      out += SUITES[key]
-    elif key in lower:
-      out.append(lower[key])
-    elif key in _ALIASES:
-      out.append(_ALIASES[key])
-    else:
-      raise ValueError(f"unknown task or suite {item!r}; suites: {sorted(SUITES)}, tasks: {list(TASKS)}")
-  return list(dict.fromkeys(out))
+TASKS = _tasks()
 
 
 def summarise(results: dict[str, dict]) -> dict:

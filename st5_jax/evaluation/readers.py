@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 
 from st5_jax import paths
-from st5_jax.data.rows import BadRowError
+from st5_jax.errors import BadRowError
 
 # SentEval's subset lists (senteval/sts.py); STS13 has no SMT input (licensing).
 STS_SUBSETS = {

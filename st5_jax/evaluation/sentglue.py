@@ -12,22 +12,24 @@ on the pair features, its strength chosen by exact leave-one-out Pearson on trai
 from __future__ import annotations
 
 import hashlib
+from typing import Callable
 
 import numpy as np
+
 from st5_jax.evaluation import linear, metrics, readers, transfer
 from st5_jax.evaluation.cache import Encode
 
 RIDGE_ALPHAS = tuple(10.0 ** t for t in range(-4, 5))
+# Each task takes what st5_jax.evaluation.sets reads for it ({split: data}; QNLI: its dev
+# split) and returns run(embed) -> result dict.
 
 
 def _pairs(embed: Encode, data) -> np.ndarray:
   return transfer.pair_features(embed(data.sents1), embed(data.sents2))
 
 
-def cola_task(root, *, kfold: int = 10):
-  train = readers.read_glue(root, task="CoLA", split="train")
-  dev_in = readers.read_glue(root, task="CoLA", split="dev")
-  dev_ood = readers.read_glue(root, task="CoLA", split="dev_ood")
+def cola_task(parts: dict[str, readers.Labeled], *, kfold: int = 10) -> Callable[[Encode], dict]:
+  train, dev_in, dev_ood = parts["train"], parts["dev"], parts["dev_ood"]
 
   def run(embed: Encode) -> dict:
     dev_y = np.concatenate([dev_in.labels, dev_ood.labels])
@@ -40,25 +42,23 @@ def cola_task(root, *, kfold: int = 10):
                mcc_out_of_domain=100 * metrics.matthews(dev_ood.labels, pred[n_in:]))
     res.update(main=res["mcc"], metric="mcc")
     return res
-  return train.texts + dev_in.texts + dev_ood.texts, run
+  return run
 
 
-def sst2_task(root, *, kfold: int = 10):
-  train = readers.read_glue(root, task="SST-2", split="train")
-  dev = readers.read_glue(root, task="SST-2", split="dev")
+def sst2_task(parts: dict[str, readers.Labeled], *, kfold: int = 10) -> Callable[[Encode], dict]:
+  train, dev = parts["train"], parts["dev"]
 
   def run(embed: Encode) -> dict:
     res = transfer.kfold_select(embed(train.texts), train.labels, embed(dev.texts), dev.labels, kfold=kfold)
     res.pop("pred")
     res.update(main=res["acc"], metric="acc")
     return res
-  return train.texts + dev.texts, run
+  return run
 
 
-def _pair_classification(task: str, *, f1: bool):
-  def build(root, *, kfold: int = 10):
-    train = readers.read_glue(root, task=task, split="train")
-    dev = readers.read_glue(root, task=task, split="dev")
+def _pair_classification(*, f1: bool):
+  def build(parts: dict[str, readers.LabeledPairs], *, kfold: int = 10) -> Callable[[Encode], dict]:
+    train, dev = parts["train"], parts["dev"]
 
     def run(embed: Encode) -> dict:
       res = transfer.kfold_select(_pairs(embed, train), train.labels, _pairs(embed, dev), dev.labels, kfold=kfold)
@@ -69,12 +69,12 @@ def _pair_classification(task: str, *, f1: bool):
       else:
         res.update(main=res["acc"], metric="acc")
       return res
-    return train.sents1 + train.sents2 + dev.sents1 + dev.sents2, run
+    return run
   return build
 
 
-mrpc_task = _pair_classification("MRPC", f1=True)
-rte_task = _pair_classification("RTE", f1=False)
+mrpc_task = _pair_classification(f1=True)
+rte_task = _pair_classification(f1=False)
 
 
 def ridge_select(x_tr, y_tr, x_te, y_te, *, alphas=RIDGE_ALPHAS) -> dict:
@@ -87,16 +87,15 @@ def ridge_select(x_tr, y_tr, x_te, y_te, *, alphas=RIDGE_ALPHAS) -> dict:
           "dev_pearson": float(dev[best]), "alpha": alphas[best], "n_train": len(y_tr), "n_test": len(y_te)}
 
 
-def stsb_task(root, *, kfold: int = 10):
+def stsb_task(parts: dict[str, readers.PairScores], *, kfold: int = 10) -> Callable[[Encode], dict]:
   del kfold  # leave-one-out instead: one eigendecomposition for every alpha.
-  train = readers.read_glue(root, task="STS-B", split="train")
-  dev = readers.read_glue(root, task="STS-B", split="dev")
+  train, dev = parts["train"], parts["dev"]
 
   def run(embed: Encode) -> dict:
     res = ridge_select(_pairs(embed, train), train.scores, _pairs(embed, dev), dev.scores)
     res.update(main=(res["pearson"] + res["spearman"]) / 2, metric="mean(pearson,spearman)")
     return res
-  return train.sents1 + train.sents2 + dev.sents1 + dev.sents2, run
+  return run
 
 
 def qnli_halves(data: readers.LabeledPairs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -126,8 +125,7 @@ def qnli_halves(data: readers.LabeledPairs) -> tuple[np.ndarray, np.ndarray, np.
   return np.flatnonzero(~to_test), np.flatnonzero(to_test), groups
 
 
-def qnli_task(root, *, kfold: int = 10):
-  dev = readers.read_glue(root, task="QNLI", split="dev")
+def qnli_task(dev: readers.LabeledPairs, *, kfold: int = 10) -> Callable[[Encode], dict]:
   tr, te, groups = qnli_halves(dev)
 
   def run(embed: Encode) -> dict:
@@ -136,4 +134,4 @@ def qnli_task(root, *, kfold: int = 10):
     res.pop("pred")
     res.update(main=res["acc"], metric="acc", split="QNLI dev halves without shared text (qnli_halves)")
     return res
-  return dev.sents1 + dev.sents2, run
+  return run

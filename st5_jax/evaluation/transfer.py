@@ -126,68 +126,48 @@ def split_select(x_tr, y_tr, x_dev, y_dev, x_te, y_te, *, c_grid=C_INNER_KFOLD, 
 
 
 # ----------------------------------------------------------------------- tasks
+# Each takes what st5_jax.evaluation.sets reads for its task (rows already in SentEval's
+# order, `sets.senteval_sorted`) and returns run(embed) -> result dict.
 
 
-def _senteval_order(keys: list[tuple]) -> np.ndarray:
-  """SentEval sorts samples by (token counts..., label) before splitting folds; stable."""
-  return np.array(sorted(range(len(keys)), key=lambda i: keys[i]), np.int64)
-
-
-def binary_task(task: str) -> Callable:
-  def build(root, *, kfold: int = 10):
-    data = readers.read_binary(root, task=task)
-    order = _senteval_order([(len(t.split()), int(l)) for t, l in zip(data.texts, data.labels)])
-    texts = [data.texts[i] for i in order]
-    labels = data.labels[order]
-
-    def run(embed: Encode) -> dict:
-      res = inner_kfold(embed(texts), labels, kfold=kfold)
-      res.update(main=res["acc"], metric="acc")
-      return res
-    return texts, run
-  return build
-
-
-def sst2_task(root, *, kfold: int = 10):
-  del kfold  # SST-2 uses its dev split.
-  parts = {s: readers.read_sst2(root, split=s) for s in ("train", "dev", "test")}
-
+def binary_task(data: readers.Labeled, *, kfold: int = 10) -> Callable[[Encode], dict]:
+  """MR, CR, SUBJ, MPQA: inner k-fold."""
   def run(embed: Encode) -> dict:
-    res = split_select(embed(parts["train"].texts), parts["train"].labels, embed(parts["dev"].texts),
-                       parts["dev"].labels, embed(parts["test"].texts), parts["test"].labels)
+    res = inner_kfold(embed(data.texts), data.labels, kfold=kfold)
     res.update(main=res["acc"], metric="acc")
     return res
-  return [t for p in parts.values() for t in p.texts], run
+  return run
 
 
-def trec_task(root, *, kfold: int = 10):
-  parts = {}
-  for split in ("train", "test"):
-    d = readers.read_trec(root, split=split)
-    order = _senteval_order([(len(t.split()), int(l)) for t, l in zip(d.texts, d.labels)])
-    parts[split] = ([d.texts[i] for i in order], d.labels[order])
+def sst2_task(parts: dict[str, readers.Labeled], *, kfold: int = 10) -> Callable[[Encode], dict]:
+  del kfold  # SST-2 uses its dev split.
+  train, dev, test = parts["train"], parts["dev"], parts["test"]
 
   def run(embed: Encode) -> dict:
-    (tr_x, tr_y), (te_x, te_y) = parts["train"], parts["test"]
-    res = kfold_select(embed(tr_x), tr_y, embed(te_x), te_y, kfold=kfold)
+    res = split_select(embed(train.texts), train.labels, embed(dev.texts), dev.labels, embed(test.texts), test.labels)
+    res.update(main=res["acc"], metric="acc")
+    return res
+  return run
+
+
+def trec_task(parts: dict[str, readers.Labeled], *, kfold: int = 10) -> Callable[[Encode], dict]:
+  train, test = parts["train"], parts["test"]
+
+  def run(embed: Encode) -> dict:
+    res = kfold_select(embed(train.texts), train.labels, embed(test.texts), test.labels, kfold=kfold)
     res.pop("pred")
     res.update(main=res["acc"], metric="acc")
     return res
-  return parts["train"][0] + parts["test"][0], run
+  return run
 
 
-def mrpc_task(root, *, kfold: int = 10):
-  parts = {}
-  for split in ("train", "test"):
-    d = readers.read_mrpc(root, split=split)
-    order = _senteval_order([(len(a.split()), len(b.split()), int(l)) for a, b, l in zip(d.sents1, d.sents2, d.labels)])
-    parts[split] = ([d.sents1[i] for i in order], [d.sents2[i] for i in order], d.labels[order])
+def mrpc_task(parts: dict[str, readers.LabeledPairs], *, kfold: int = 10) -> Callable[[Encode], dict]:
+  train, test = parts["train"], parts["test"]
 
   def run(embed: Encode) -> dict:
-    (a, b, y), (ta, tb, ty) = parts["train"], parts["test"]
-    res = kfold_select(pair_features(embed(a), embed(b)), y, pair_features(embed(ta), embed(tb)), ty, kfold=kfold)
-    res["f1"] = 100 * metrics.f1_binary(ty, res.pop("pred"))
+    res = kfold_select(pair_features(embed(train.sents1), embed(train.sents2)), train.labels,
+                       pair_features(embed(test.sents1), embed(test.sents2)), test.labels, kfold=kfold)
+    res["f1"] = 100 * metrics.f1_binary(test.labels, res.pop("pred"))
     res.update(main=res["acc"], metric="acc")
     return res
-  texts = [t for (a, b, _) in parts.values() for t in a + b]
-  return texts, run
+  return run

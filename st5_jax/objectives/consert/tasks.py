@@ -36,9 +36,10 @@ import tensorflow as tf
 
 from st5_jax import paths
 from st5_jax.data import builders, config
-from st5_jax.data.rows import InputFileError, RowStats
+from st5_jax.data.rows import RowStats
 from st5_jax.data.vocabulary import get_vocabulary
-from st5_jax.evaluation import readers
+from st5_jax.errors import InputFileError
+from st5_jax.evaluation import readers  # light: the evaluation sets' readers, not the harness
 
 STS_SENTENCES = "consert_sts_sentences"
 SNLI_DEVTEST_PAIRS = "consert_snli_devtest_pairs"
