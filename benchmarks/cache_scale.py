@@ -5,12 +5,12 @@
 
 1. Build rate: a synthetic text corpus (`--beam_rows` question/answer pairs of words drawn
    from the T5 vocabulary, 1% repeated, in 32 JSON-lines files) is cached by the Beam
-   pipeline (st5_jax.data.beam_cache) on the DirectRunner, one worker and then
+   pipeline (st5_jax.data.offline.beam_cache) on the DirectRunner, one worker and then
    `--direct_num_workers` processes, and by the in-memory writer; rows/s per worker.
 2. Read side at sizes `--sizes` (default 1M and 10M pairs): caches of the same format
    (manifest, TFRecord shards of tf.Examples, ~`--shard_rows` records per shard) written
-   straight from random token ids with st5_jax.data.cache's pure functions -- tokenising
-   10M texts through Beam's DirectRunner would take hours on 2 cores and measures nothing
+   straight from random token ids with the pure functions of st5_jax.data.offline.cache_writer --
+   tokenising 10M texts through Beam's DirectRunner would take hours on 2 cores and measures nothing
    the build-rate step does not. Per size, in a fresh process each: the training
    iterator's steady read rate (batch 512, lengths 64/64, shuffled), its peak RSS, and
    resume time (new iterator + set_state + first batch) at 1%, 50% and 99% of an epoch,
@@ -79,6 +79,7 @@ def _write_token_shards(args):
   folder, lo, hi, num_shards, rows_per_shard, seed = args
   import numpy as np  # pylint: disable=g-import-not-at-top
   from st5_jax.data import cache  # pylint: disable=g-import-not-at-top
+  from st5_jax.data.offline import cache_writer  # pylint: disable=g-import-not-at-top
   entries = []
   for j in range(lo, hi):
     rng = np.random.default_rng([seed, j])
@@ -93,17 +94,18 @@ def _write_token_shards(args):
       key = int(heads[i]).to_bytes(8, "big") + rng.bytes(8)
       q = ids[i, :qlen[i] - 1].tolist() + [1]
       a = ids[i, :alen[i] - 1][::-1].tolist() + [1]
-      records.append((key, cache.encode_example({"inputs": q, "targets": a})))
-    data = cache.encode_shard(records)
+      records.append((key, cache_writer.encode_example({"inputs": q, "targets": a})))
+    data = cache_writer.encode_shard(records)
     with open(os.path.join(folder, cache.shard_name(j, num_shards)), "wb") as f:
       f.write(data)
-    entries.append(cache.shard_entry(j, num_shards, data, n))
+    entries.append(cache_writer.shard_entry(j, num_shards, data, n))
   return entries
 
 
 def write_token_cache(root: str, text_dir: str, rows: int, shard_rows: int, workers: int) -> str:
   from st5_jax.data import cache  # pylint: disable=g-import-not-at-top
-  task, layout = cache.resolve_task(TASK, "train", LENGTHS)
+  from st5_jax.data.offline import cache_writer  # pylint: disable=g-import-not-at-top
+  task, layout = cache_writer.resolve_task(TASK, "train", LENGTHS)
   folder = cache.task_dir(root, TASK, "train")
   os.makedirs(folder, exist_ok=True)
   num_shards = max(1, round(rows / shard_rows))
@@ -112,13 +114,13 @@ def write_token_cache(root: str, text_dir: str, rows: int, shard_rows: int, work
             for j in range(workers)]
   with multiprocessing.get_context("spawn").Pool(workers) as pool:
     entries = [e for part in pool.map(_write_token_shards, bounds) for e in part]
-  manifest = cache.make_manifest(
-      task=TASK, split="train", features=cache.feature_specs(task, layout),
+  manifest = cache_writer.make_manifest(
+      task=TASK, split="train", features=cache_writer.feature_specs(task, layout),
       vocabulary_sha256=cache.vocabulary_sha256(task, layout), shards=entries,
       stats={"synthetic": "random token ids (benchmarks/cache_scale.py)", "examples": rows}, pipeline="synthetic",
       dedup=False, decontaminated=None)
   with open(os.path.join(folder, cache.MANIFEST), "wb") as f:
-    f.write(cache.manifest_bytes(manifest))
+    f.write(cache_writer.manifest_bytes(manifest))
   return folder
 
 
@@ -195,9 +197,9 @@ def _child(kind: str, **kw) -> dict:
 
 def measure_build(out: str, text_dir: str, rows: int, workers: int, shards: int) -> dict:
   """Seconds per writer; the Beam rate per worker from two corpus sizes (fixed start-up cancels)."""
-  from st5_jax.data import beam_cache, cache  # pylint: disable=g-import-not-at-top
+  from st5_jax.data.offline import beam_cache, cache_writer  # pylint: disable=g-import-not-at-top
   t = time.perf_counter()
-  cache.contamination_index(True)  # built once per run on the driver; timed apart
+  cache_writer.contamination_index(True)  # built once per run on the driver; timed apart
   res = {"rows": rows, "evaluation_index_s": time.perf_counter() - t}
   rows = sum(1 for name in os.listdir(text_dir) for _ in open(os.path.join(text_dir, name)))  # as written
   res["rows"] = rows
@@ -208,7 +210,7 @@ def measure_build(out: str, text_dir: str, rows: int, workers: int, shards: int)
   for corpus, n in ((small, rows // 10), (text_dir, rows)):
     register(corpus)
     t = time.perf_counter()
-    m = cache.write_cache(TASK, "train", os.path.join(out, f"mem_{n}"), shards, LENGTHS)
+    m = cache_writer.write_cache(TASK, "train", os.path.join(out, f"mem_{n}"), shards, LENGTHS)
     runs[("in_memory", n)] = time.perf_counter() - t
     for name, extra in (("beam_1_worker", ["--direct_num_workers=1"]),
                         (f"beam_{workers}_workers", [f"--direct_num_workers={workers}",

@@ -10,7 +10,6 @@ cost analysis of the lowered (unscanned) step.
 
 from __future__ import annotations
 
-from typing import Mapping
 
 from st5_jax.configs import ST5Config
 

@@ -55,6 +55,16 @@ LAYOUT_HINT = ("the layout `st5 data prepare --out DIR` writes (sts12-16/, stsb/
                "glue/, nli/, qa_pairs/, t5_spiece/spiece.model; see docs/data.md)")
 
 
+def get_data_hint(data_dir: PathLike | None = None) -> str:
+  """What every "the data is missing" error says: the one command that gets it, and the variable to set.
+
+  `st5 data prepare` writes every file the README's main job and `st5 eval` read (docs/data.md).
+  A known local data folder is named in place of DIR.
+  """
+  d = os.fspath(data_dir) if data_dir and not is_remote(data_dir) else "DIR"
+  return f"get the public data with `st5 data prepare --out {d}`, then `export {DATA_DIR_ENV}={d}`"
+
+
 def configure_gcs() -> None:
   """Derives every library's GCS settings from $STORAGE_EMULATOR_HOST (idempotent).
 
@@ -323,14 +333,14 @@ def resolve_data_dir(explicit: PathLike | None = None, *, required: bool = True)
     value, source = os.environ[DATA_DIR_ENV], DATA_DIR_ENV
   elif required:
     raise MissingFileError(
-        f"No data directory given. Pass --data_dir, set {DATA_DIR_ENV} (or gin {GIN_DATA_DIR}) to a folder "
-        f"(local or gs://) in {LAYOUT_HINT}.")
+        f"No data directory given: {get_data_hint()}. Or pass --data_dir, set {DATA_DIR_ENV} (or gin {GIN_DATA_DIR}) "
+        f"to a folder (local or gs://) in {LAYOUT_HINT}.")
   else:
     return None
   p = path(value)
   if required and not p.is_dir():
-    raise MissingFileError(f"Data directory {p} does not exist (from {source}). It should be a folder in "
-                           f"{LAYOUT_HINT}.")
+    raise MissingFileError(f"Data directory {p} does not exist (from {source}): {get_data_hint(p)}. It should be a "
+                           f"folder in {LAYOUT_HINT}.")
   return os.fspath(p)
 
 
@@ -367,5 +377,5 @@ def vocab_path(explicit: PathLike | None = None, *, model_dir: PathLike | None =
       raise MissingFileError(f"Vocabulary file {candidate} does not exist.")
   raise MissingFileError(
       "No T5 SentencePiece vocabulary found" + (f"; tried: {', '.join(tried)}" if tried else "") +
-      f". Pass vocab=PATH, put {VOCAB_BASENAME} (or a Unigram {TOKENIZER_JSON_BASENAME}) in the model folder, or set {VOCAB_ENV} "
-      f"(or {DATA_DIR_ENV} with {VOCAB_RELPATH} inside).")
+      f". Pass vocab=PATH, put {VOCAB_BASENAME} (or a Unigram {TOKENIZER_JSON_BASENAME}) in the model folder, set "
+      f"{VOCAB_ENV}, or {get_data_hint(data)} (it holds {VOCAB_RELPATH}).")

@@ -1,4 +1,5 @@
-"""The Beam cache pipeline (st5_jax.data.beam_cache) on Beam's DirectRunner: the in-memory writer's files, byte for byte."""
+"""The Beam cache pipeline (st5_jax.data.offline.beam_cache) on Beam's DirectRunner: the in-memory writer's files,
+byte for byte."""
 
 import json
 import os
@@ -9,7 +10,8 @@ import seqio
 
 from xla_env import xla_flags
 from st5_jax import cli, paths
-from st5_jax.data import beam_cache, cache, registry, tasks
+from st5_jax.data import cache, registry, tasks
+from st5_jax.data.offline import beam_cache, cache_writer
 from st5_jax.data.iterator import make_local_iterator
 from st5_jax.evaluation import harness
 
@@ -36,7 +38,7 @@ def _same_cache(a, b):
 def test_beam_cache_of_a_public_task_is_the_in_memory_cache(data_dir, tmp_path):
   """A few thousand rows (SNLI triples, validation): filters, decontamination, trimming, dedup, shards."""
   lengths = {"inputs": 24, "targets": 16}
-  mem = cache.write_cache(PUBLIC, "validation", str(tmp_path / "mem"), 3, lengths)
+  mem = cache_writer.write_cache(PUBLIC, "validation", str(tmp_path / "mem"), 3, lengths)
   beam = beam_cache.write_cache_beam(PUBLIC, "validation", str(tmp_path / "beam"), 3, lengths, pipeline_args=DIRECT)
   m = _same_cache(str(tmp_path / "mem"), str(tmp_path / "beam"))
   assert beam["num_examples"] == mem["num_examples"] == m["num_examples"] > 2000
@@ -99,7 +101,7 @@ def test_beam_cache_of_users_files_keeps_the_first_copy_and_drops_evaluation_tex
       assert all(v[-1] == vocab.eos_id and len(v) <= lengths[k] for k, v in ids.items())
       got.add(tuple(vocab.decode(v[:-1]) for v in ids.values()))
   assert got == set(kept)
-  cache.write_cache("test_beam_users", "train", paths.join(out, "mem"), 3, lengths)
+  cache_writer.write_cache("test_beam_users", "train", paths.join(out, "mem"), 3, lengths)
   if where == "local":
     _same_cache(paths.join(out, "mem"), paths.join(out, "beam"))
 
@@ -111,7 +113,7 @@ def test_beam_cache_settings_off_match_the_in_memory_writer(data_dir, tmp_path):
   registry.register_user_task("test_beam_users_off", file_pattern=f"{local}/part-*.jsonl",
                               columns={"inputs": "q", "targets": "a"})
   kw = dict(dedup=False, decontaminate=False)
-  cache.write_cache("test_beam_users_off", "train", str(tmp_path / "mem"), 1, {"inputs": 4, "targets": 4}, **kw)
+  cache_writer.write_cache("test_beam_users_off", "train", str(tmp_path / "mem"), 1, {"inputs": 4, "targets": 4}, **kw)
   m = beam_cache.write_cache_beam("test_beam_users_off", "train", str(tmp_path / "beam"), 1,
                                   {"inputs": 4, "targets": 4}, pipeline_args=DIRECT, **kw)
   assert m["num_examples"] == 8 and m["stats"]["dropped_duplicates"] == 0 and m["decontaminated"] is None

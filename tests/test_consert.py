@@ -665,7 +665,7 @@ def test_snli_devtest_pairs_task_labels(data_dir):
 def test_snli_mnli_pairs_task_reads_the_users_jsonl(tmp_path, monkeypatch):
   import seqio
   from st5_jax.objectives.consert import tasks
-  from st5_jax.data.rows import InputFileError
+  from st5_jax.errors import InputFileError
 
   monkeypatch.setenv("ST5_DATA_DIR", str(tmp_path))
   task = seqio.get_mixture_or_task(tasks.SNLI_MNLI_PAIRS)

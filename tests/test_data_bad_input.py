@@ -8,7 +8,8 @@ import pytest
 from st5_jax.data import builders, registry, tasks
 from st5_jax.batch_geometry import DataConfigError
 from st5_jax.data.iterator import make_local_iterator
-from st5_jax.data.rows import BadRowError, InputFileError, RowFormat, RowReader, RowStats, list_files
+from st5_jax.data.rows import RowFormat, RowReader, RowStats, list_files
+from st5_jax.errors import BadRowError, InputFileError
 
 
 TREC_FORMAT = RowFormat("csv", {"inputs": "qtext", "targets": "atext"}, label_column="label",

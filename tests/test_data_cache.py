@@ -1,4 +1,5 @@
-"""The token cache (st5_jax.data.cache): same examples as the in-memory path, exact and cheap resume, clear errors."""
+"""The token cache (format and reader st5_jax.data.cache, writer st5_jax.data.offline.cache_writer): same examples as
+the in-memory path, exact and cheap resume, clear errors."""
 
 import collections
 import hashlib
@@ -15,6 +16,7 @@ import tensorflow as tf
 from xla_env import xla_flags
 from st5_jax import cli
 from st5_jax.data import cache, convert, overlap, tasks
+from st5_jax.data.offline import cache_writer
 from st5_jax.data.iterator import make_local_iterator
 
 TASK = tasks.STAGE2_SNLI_TRIPLES
@@ -42,7 +44,7 @@ def _row_counter(batch):
 def cache_root(data_dir, tmp_path_factory):
   root = tmp_path_factory.mktemp("cache")
   for split in ("train", "validation"):
-    cache.write_cache(TASK, split, cache.task_dir(str(root), TASK, split), 4, LENGTHS)
+    cache_writer.write_cache(TASK, split, cache.task_dir(str(root), TASK, split), 4, LENGTHS)
   return str(root)
 
 
@@ -94,8 +96,8 @@ def test_written_bytes_are_a_pure_function_of_the_examples(cache_root, tmp_path)
   m = _manifest(cache_root)
   folder = cache.task_dir(cache_root, TASK, "validation")
   again = str(tmp_path / "again")
-  m2 = cache.write_cache(TASK, "validation", again, 4, LENGTHS)
-  assert cache.manifest_bytes(m2) == open(os.path.join(folder, cache.MANIFEST), "rb").read()
+  m2 = cache_writer.write_cache(TASK, "validation", again, 4, LENGTHS)
+  assert cache_writer.manifest_bytes(m2) == open(os.path.join(folder, cache.MANIFEST), "rb").read()
   for entry in m["shards"]:
     data = open(os.path.join(folder, entry["file"]), "rb").read()
     assert data == open(os.path.join(again, entry["file"]), "rb").read()
@@ -112,18 +114,18 @@ def test_written_bytes_are_a_pure_function_of_the_examples(cache_root, tmp_path)
   keyed = [(hashlib.sha256(r).digest(), r) for r in recs]
   shuffled = keyed[:]
   random.Random(0).shuffle(shuffled)
-  assert cache.encode_shard(shuffled) == cache.encode_shard(keyed)
+  assert cache_writer.encode_shard(shuffled) == cache_writer.encode_shard(keyed)
   # The dedup key is the normalised text: spacing, case and punctuation do not make a new example.
-  assert cache.dedup_key(["A man is running .", "x"]) == cache.dedup_key(["a man is running.", "X"])
-  assert cache.dedup_key(["a man", "is running"]) != cache.dedup_key(["a man is", "running"])
+  assert cache_writer.dedup_key(["A man is running .", "x"]) == cache_writer.dedup_key(["a man is running.", "X"])
+  assert cache_writer.dedup_key(["a man", "is running"]) != cache_writer.dedup_key(["a man is", "running"])
 
 
 def test_seqio_path_writes_the_same_bytes_when_nothing_is_trimmed(data_dir):
   """Any seqio task goes through its own pipeline; on a project task (long lengths) it matches the NumPy path."""
   task = seqio.get_mixture_or_task(TASK)
   layout = convert.batch_layout([task], {"inputs": 128, "targets": 128})
-  shards_np, m_np = cache.build_cache(task, "train", layout, num_shards=2)
-  shards_tf, m_tf = cache.build_cache(task, "train", layout, num_shards=2, numpy_path=False)
+  shards_np, m_np = cache_writer.build_cache(task, "train", layout, num_shards=2)
+  shards_tf, m_tf = cache_writer.build_cache(task, "train", layout, num_shards=2, numpy_path=False)
   assert (m_np["pipeline"], m_tf["pipeline"]) == ("numpy", "seqio")
   assert m_np["stats"]["trimmed"] == 0 and m_tf["stats"]["trimmed"] is None
   assert m_tf["stats"]["dropped_duplicates"] == m_np["stats"]["dropped_duplicates"] >= 1
@@ -322,7 +324,7 @@ def test_two_processes_read_their_own_shards_and_resume_together(cache_root, tmp
 
 def test_cache_on_gcs_reads_as_the_local_one(cache_root, gcs):
   url = gcs.url("cache", "root")
-  m = cache.write_cache(TASK, "validation", cache.task_dir(url, TASK, "validation"), 4, LENGTHS)
+  m = cache_writer.write_cache(TASK, "validation", cache.task_dir(url, TASK, "validation"), 4, LENGTHS)
   assert m == _manifest(cache_root)
   kw = dict(task=TASK, split="validation", feature_lengths=LENGTHS, batch_size=64, seed=9, shuffle_buffer_size=50)
   it = make_local_iterator(cache_dir=url, **kw)

@@ -17,7 +17,7 @@ import raw_counts
 
 from st5_jax import cli
 from st5_jax.data import builders
-from st5_jax.data.offline import catalog, download, prepare
+from st5_jax.data.offline import catalog, derive, download, prepare
 from st5_jax.data.rows import RowStats
 from st5_jax.evaluation import harness
 
@@ -152,7 +152,9 @@ def test_catalog_matches_the_shared_folder(data_dir):
   assert set(listed) == on_disk
   for rel, sha in listed.items():
     assert download.sha256_of(str(data_dir / rel)) == sha, rel
-  assert all(f.urls for d in catalog.DATASETS.values() if not d.local_only for f in d.files)
+  # Downloadable datasets have URLs; derived ones are made by their recipe, never downloaded.
+  assert all(f.urls for d in catalog.DATASETS.values() if not d.local_only and not d.derived for f in d.files)
+  assert all(not f.urls for d in catalog.DATASETS.values() if d.derived for f in d.files)
 
 
 def test_prepare_everything_from_the_local_folder_then_idempotent(data_dir, tmp_path):
@@ -240,3 +242,81 @@ def test_cli_prepare_list_and_nli_triples(data_dir, tmp_path, capsys, monkeypatc
   with contextlib.redirect_stderr(io.StringIO()):
     with pytest.raises(SystemExit):
       cli.main(["data", "prepare", "--bogus"])
+
+
+TRIPLES = "nli/snli_devtest_triples_derived.csv"
+
+
+def test_every_recipe_is_known_and_reads_catalogued_datasets():
+  derived = [d for d in catalog.DATASETS.values() if d.derived]
+  assert [d.name for d in derived] == ["snli_triples_derived"]
+  for d in derived:
+    assert d.derived.name in derive.RECIPES and set(d.derived.sources) <= set(catalog.CORE_DATASETS)
+    assert not d.local_only and all(f.sha256 for f in d.files)
+
+
+def _senteval_only(data_dir, root):
+  """A source folder holding only the SentEval SNLI files (the triples' public source)."""
+  for f in catalog.DATASETS["snli_senteval"].files:
+    (root / f.relpath).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(data_dir / f.relpath, root / f.relpath)
+  return root
+
+
+def test_prepare_derives_the_triples_pulls_in_their_source_and_replaces_a_bad_copy(data_dir, tmp_path):
+  source = _senteval_only(data_dir, tmp_path / "src")
+  out = tmp_path / "out"
+  (out / "nli").mkdir(parents=True)
+  (out / TRIPLES).write_text("sent0,sent1,hard_neg,split\nstale,copy,here,dev\n")  # wrong bytes: replaced
+  report = prepare.prepare(out_dir=str(out), source_dir=str(source), offline=True, progress=False,
+                           datasets=["snli_triples_derived"])
+  assert report.ok, report.summary()
+  assert [(d.name, d.counts()) for d in report.datasets] == [("snli_senteval", {"copied": 6}),
+                                                             ("snli_triples_derived", {"derived": 1})]
+  assert (out / TRIPLES).read_bytes() == (data_dir / TRIPLES).read_bytes()
+  assert download.sha256_of(str(out / TRIPLES)) == catalog.CHECKSUMS["snli_triples_derived"][TRIPLES]
+  assert not [p for p in out.iterdir() if p.name.startswith(".derive-")]  # no scratch folder left
+  assert {(t.task, t.split): t.written for t in report.tasks}[("st5_snli_devtest_triples", "all")] > 6000
+  # A second run finds it present (verified) and derives nothing.
+  again = prepare.prepare(out_dir=str(out), source_dir=str(source), offline=True, progress=False,
+                          datasets=["snli_triples_derived"])
+  assert [d.counts() for d in again.datasets] == [{"present": 6}, {"present": 1}]
+
+
+def test_a_derived_dataset_without_its_source_says_which(data_dir, tmp_path):
+  report = prepare.prepare(out_dir=str(tmp_path / "out"), source_dir=str(tmp_path / "empty"), offline=True,
+                           progress=False, datasets=["snli_triples_derived"])
+  assert not report.ok and not report.tasks
+  assert any(e.startswith(f"Cannot derive {TRIPLES}: its source dataset(s) snli_senteval could not be got")
+             for e in report.errors), report.errors
+  assert not (tmp_path / "out" / TRIPLES).exists()
+
+
+def test_derived_bytes_that_differ_from_the_catalogue_are_refused(data_dir, tmp_path, monkeypatch):
+  source = _senteval_only(data_dir, tmp_path / "src")
+  real = derive.RECIPES["snli_devtest_triples"]
+
+  def changed_builder(data_dir, out_dir):  # as if a builder changed its output by one byte
+    real(data_dir, out_dir)
+    with open(f"{out_dir}/{TRIPLES}", "a", encoding="utf-8") as f:
+      f.write(" ")
+
+  monkeypatch.setitem(derive.RECIPES, "snli_devtest_triples", changed_builder)
+  report = prepare.prepare(out_dir=str(tmp_path / "out"), source_dir=str(source), offline=True, progress=False,
+                           datasets=["snli_triples_derived"])
+  assert not report.ok
+  (error,) = report.errors
+  assert error.startswith(f"Derived {TRIPLES} has sha256 ") and "the catalogue lists f166a308" in error, error
+  assert not (tmp_path / "out" / TRIPLES).exists()  # never written under its name
+
+
+def test_default_prepare_skips_a_local_only_dataset_it_cannot_get(tmp_path):
+  # squad_dev_reconstructed is core but local-only: without a copy at hand it is skipped, not an error.
+  names, skipped = prepare._select(None, str(tmp_path), None)  # pylint: disable=protected-access
+  assert skipped == ["squad_dev_reconstructed"] and "squad_dev_reconstructed" not in names
+  assert names.index("snli_senteval") < names.index("snli_triples_derived")
+  squad = catalog.DATASETS["squad_dev_reconstructed"].files[0]
+  (tmp_path / squad.relpath).parent.mkdir(parents=True)
+  (tmp_path / squad.relpath).write_text("{}")
+  names, skipped = prepare._select(None, str(tmp_path), None)  # pylint: disable=protected-access
+  assert "squad_dev_reconstructed" in names and not skipped

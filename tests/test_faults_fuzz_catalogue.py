@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 import pytest
 
 from st5_jax.data import builders
-from st5_jax.data.rows import BadRowError, InputFileError, RowStats
+from st5_jax.data.rows import RowStats
+from st5_jax.errors import BadRowError, InputFileError
 from st5_jax.evaluation import readers
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,

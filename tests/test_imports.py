@@ -34,6 +34,8 @@ LAYERS = (
     ("st5_jax.checkpoints", "st5_jax.export"),
     ("st5_jax.partitioning", "st5_jax.data"),
     ("st5_jax.paths", "st5_jax.data"),
+    # The mesh side knows nothing of optimizers: optimizer-state shardings live in optim.state_shardings.
+    ("st5_jax.partitioning", "st5_jax.optim"),
 )
 
 
@@ -214,3 +216,62 @@ def test_runtime_pipeline_does_not_import_offline_preparation():
   starts = [m for m in edges if (_within(m, "st5_jax.data") and not _within(m, offline)) or m == "st5_jax.train"]
   bad = sorted(f"{start} reaches {m}" for start in starts for m in _reachable(edges, start) if _within(m, offline))
   assert not bad, "\n".join(bad)
+
+
+def test_only_the_cli_imports_command_modules():
+  # st5_jax/commands/ is the top floor (flags, one-line errors): the library (a sweep, the gin layer)
+  # never reaches up into it; only the commands themselves and cli.py import it.
+  _, raw = import_graph()
+  commands = "st5_jax.commands"
+  bad = sorted(f"{module}:{line} imports {target}" for module, targets in raw.items()
+               if not _within(module, commands) and module != "st5_jax.cli"
+               for target, line in targets if _within(target, commands))
+  assert not bad, "\n".join(bad)
+
+
+# The evaluation sets' readers and texts: the one part of st5_jax/evaluation that the data pipeline
+# (decontamination) and the objectives' tasks import. Light: no scikit-learn, TensorFlow or JAX.
+EVALUATION_LIGHT = ("st5_jax.evaluation.sets", "st5_jax.evaluation.readers", "st5_jax.evaluation.retrieval_readers")
+ERRORS = "st5_jax.errors"  # BadRowError, InputFileError: the ground floor
+
+
+def _chain(via: dict[str, str], target: str) -> str:
+  chain = []
+  while target:
+    chain.append(target)
+    target = via[target]
+  return " -> ".join(reversed(chain))
+
+
+def test_data_and_evaluation_depend_one_way():
+  # st5_jax/data reaches no module of st5_jax/evaluation but EVALUATION_LIGHT (not the harness, not
+  # scikit-learn); no module of st5_jax/evaluation, the light ones included, reaches st5_jax/data.
+  edges, _ = import_graph()
+  bad = []
+  for start in sorted(m for m in edges if _within(m, "st5_jax.data")):
+    via = _reachable(edges, start)
+    bad += [_chain(via, m) for m in sorted(via) if _within(m, "st5_jax.evaluation") and m not in EVALUATION_LIGHT]
+  for start in sorted(m for m in edges if _within(m, "st5_jax.evaluation")):
+    via = _reachable(edges, start)
+    bad += [_chain(via, m) for m in sorted(via) if _within(m, "st5_jax.data")]
+  assert not bad, "data and evaluation depend on each other:\n" + "\n".join(bad)
+
+
+def test_errors_module_imports_nothing_of_the_package():
+  _, raw = import_graph()
+  assert not raw[ERRORS], f"{ERRORS} imports " + ", ".join(f"{t} (line {line})" for t, line in raw[ERRORS])
+
+
+def test_light_evaluation_modules_load_no_heavy_library():
+  # At run time too, in a fresh interpreter: importing st5_jax.evaluation.sets runs
+  # st5_jax/evaluation/__init__.py, which must stay lazy (no harness, no scikit-learn).
+  import json  # pylint: disable=g-import-not-at-top  (this test only)
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  heavy = ("sklearn", "tensorflow", "jax", "st5_jax.evaluation.harness", "st5_jax.data")
+  code = (f"import json, sys\nimport {ERRORS}, {', '.join(EVALUATION_LIGHT)}\nheavy = {heavy!r}\n"
+          "print(json.dumps(sorted(m for m in sys.modules if any(m == h or m.startswith(h + '.') for h in heavy))))")
+  out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120,
+                       cwd=ROOT.parent)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert json.loads(out.stdout.strip().splitlines()[-1]) == []

@@ -13,7 +13,8 @@ import pytest
 from st5_jax import cli, paths
 from st5_jax.objectives.consert import tasks as consert_tasks
 from st5_jax.data import builders
-from st5_jax.data.rows import InputFileError, RowStats
+from st5_jax.data.rows import RowStats
+from st5_jax.errors import InputFileError
 from st5_jax.evaluation.baselines import HashedBagOfWords
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

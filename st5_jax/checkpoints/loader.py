@@ -15,7 +15,6 @@ gs:// to a local temporary folder first; orbax and T5X arrays are read in place.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any, Callable

@@ -19,8 +19,10 @@ def register(subparsers) -> None:
 
   p = sub.add_parser("prepare", help="Get every known dataset (local copy or download) and write what tasks read.",
                      description="Copy datasets from a local data folder (--source, or "
-                                 "$ST5_DATA_DIR) or download them from their canonical URLs (or --base-url), verify "
-                                 "sha256, and write OUT/prepared/<task>/<split>.jsonl. Safe to rerun.")
+                                 "$ST5_DATA_DIR) or download them from their canonical URLs (or --base-url), derive "
+                                 "the derived ones from their sources, verify every sha256, and write "
+                                 "OUT/prepared/<task>/<split>.jsonl. From an empty OUT this gets every file `st5 train "
+                                 "--gin_file st5_tiny_cpu.gin` and `st5 eval` read. Safe to rerun.")
   p.add_argument("--source", help="local data folder holding the files at the paths docs/data.md lists "
                                   "(stsb/, glue/, ...; default: $ST5_DATA_DIR)")
   p.add_argument("--out", help="output data folder (default: $ST5_DATA_DIR); use it as ST5_DATA_DIR afterwards")
@@ -49,7 +51,8 @@ def register(subparsers) -> None:
   p.add_argument("--input", action="append", required=True, help="raw NLI file (repeatable)")
   p.add_argument("--out", required=True, help="output CSV (e.g. DATA_DIR/nli/nli_for_simcse.csv)")
   p.add_argument("--mode", choices=("per_entailment", "per_premise"), default="per_entailment",
-                 help="per_entailment: one triple per entailment (reproduces nli/snli_devtest_triples_derived.csv); "
+                 help="per_entailment: one triple per entailment (nli/snli_devtest_triples_derived.csv row for row; "
+                      "`st5 data prepare` derives that file itself); "
                       "per_premise: one per premise (about SimCSE's 275K on SNLI+MNLI train)")
   p.add_argument("--strict", action="store_true", help="stop at the first bad row")
   p.set_defaults(run=run)
@@ -162,6 +165,8 @@ def _list(args) -> int:
   from st5_jax.data import tasks  # pylint: disable=g-import-not-at-top
   from st5_jax.data.offline import catalog  # pylint: disable=g-import-not-at-top
   datasets = [{"name": d.name, "files": len(d.files), "optional": d.optional, "local_only": d.local_only,
+               "derived_from": list(d.derived.sources) if d.derived else None,
+               "recipe": d.derived.command if d.derived else None,
                "description": d.description, "note": d.note} for d in catalog.DATASETS.values()]
   task_rows = [{"name": n, "splits": list(seqio.get_mixture_or_task(n).splits),
                 "features": list(seqio.get_mixture_or_task(n).output_features)}
@@ -171,7 +176,9 @@ def _list(args) -> int:
     return 0
   print("Datasets:")
   for d in datasets:
-    flags = ", ".join(f for f, on in (("optional", d["optional"]), ("local-only", d["local_only"])) if on)
+    derived = f"derived from {', '.join(d['derived_from'])}" if d["derived_from"] else ""
+    flags = ", ".join(f for f, on in (("optional", d["optional"]), ("local-only", d["local_only"]), (derived, derived))
+                      if on)
     print(f"  {d['name']:26} {d['files']:>4} files  {d['description']}" + (f" [{flags}]" if flags else ""))
   print("Tasks and mixtures:")
   for t in task_rows:
@@ -181,7 +188,8 @@ def _list(args) -> int:
 
 def _nli_triples(args) -> int:
   from st5_jax.data import builders  # pylint: disable=g-import-not-at-top  (see _list)
-  from st5_jax.data.rows import BadRowError, InputFileError, RowStats  # pylint: disable=g-import-not-at-top
+  from st5_jax.data.rows import RowStats  # pylint: disable=g-import-not-at-top
+  from st5_jax.errors import BadRowError, InputFileError  # pylint: disable=g-import-not-at-top
   stats = RowStats()
   try:
     triples = builders.build_nli_triples(args.input, stats=stats, strict=args.strict, mode=args.mode)
@@ -233,16 +241,17 @@ def _cache(args) -> int:
   import seqio  # pylint: disable=g-import-not-at-top
 
   from st5_jax.data import cache  # pylint: disable=g-import-not-at-top
+  from st5_jax.data.offline import cache_writer  # pylint: disable=g-import-not-at-top
   from st5_jax.data.streams import get_provider  # pylint: disable=g-import-not-at-top
-  from st5_jax.data.rows import BadRowError  # pylint: disable=g-import-not-at-top
+  from st5_jax.errors import BadRowError  # pylint: disable=g-import-not-at-top
   for module in args.module:
     importlib.import_module(module)
   gin_args, beam_args = split_extra(args.extra)
   task, lengths, split, out = args.task, None, args.split, args.out
   if args.gin_file or gin_args:
     from st5_jax import gin_config  # pylint: disable=g-import-not-at-top
-    from st5_jax.commands.train import gin_overrides, parse_gin  # pylint: disable=g-import-not-at-top
-    parse_gin(args.gin_file, gin_overrides(gin_args))
+    from st5_jax.commands.train import gin_overrides  # pylint: disable=g-import-not-at-top
+    gin_config.parse_gin(args.gin_file, gin_overrides(gin_args))
     data = gin_config.run_spec().data
     task, lengths = task or data.task, dict(data.feature_lengths)
     split, out = split or data.split, out or data.cache_dir
@@ -261,13 +270,13 @@ def _cache(args) -> int:
     for name in names:
       folder = cache.task_dir(out, name, split)
       if args.runner:
-        from st5_jax.data import beam_cache  # pylint: disable=g-import-not-at-top
+        from st5_jax.data.offline import beam_cache  # pylint: disable=g-import-not-at-top  (Apache Beam)
         m = beam_cache.write_cache_beam(name, split, folder, args.num_shards, lengths,
                                         dedup=not args.keep_duplicates, decontaminate=not args.no_decontaminate,
                                         pipeline_args=[f"--runner={args.runner}", *beam_args])
       else:
-        m = cache.write_cache(name, split, folder, args.num_shards, lengths, dedup=not args.keep_duplicates,
-                              decontaminate=not args.no_decontaminate)
+        m = cache_writer.write_cache(name, split, folder, args.num_shards, lengths, dedup=not args.keep_duplicates,
+                                     decontaminate=not args.no_decontaminate)
       s = m["stats"]
       print(f"{name} ({split}): {m['num_examples']} examples in {m['num_shards']} shards at {folder}; rows in "
             f"{s['rows_in']}, dropped as duplicates {s['dropped_duplicates']}, as contaminated "

@@ -8,9 +8,11 @@ sets), sources/registry/tasks/tfds_tasks (seqio tasks), vocabulary, convert +
 feature_converters (task features -> batch features), streams (one task's epochs:
 seqio's pipeline or the NumPy path), mixing, dedup, iterator (batches, state; how a
 batch splits over mesh and processes is st5_jax.batch_geometry, shared with
-st5_jax.partitioning). Offline preparation (`st5 data prepare`, `st5 data list`, `st5
-data overlap`: catalogue, download, TFDS builders, overlap report) is the subpackage
-st5_jax.data.offline, which nothing here imports. Attributes below are imported lazily
+st5_jax.partitioning), cache + cache_stream (the token cache's format, its reader and
+the training stream of it). Offline preparation (`st5 data prepare`, `st5 data list`,
+`st5 data overlap`, `st5 data cache`: catalogue, download, derived datasets, TFDS
+builders, overlap report, the token cache's in-memory and Beam writers) is the
+subpackage st5_jax.data.offline, which nothing here imports. Attributes below are imported lazily
 so that `import st5_jax.data.rows` does not pull in JAX or TensorFlow.
 """
 
@@ -28,8 +30,8 @@ _EXPORTS = {
     "DualEncoderFeatureConverter": "st5_jax.data.feature_converters",
     "T5Vocabulary": "st5_jax.data.vocabulary",
     "get_vocabulary": "st5_jax.data.vocabulary",
-    "BadRowError": "st5_jax.data.rows",
-    "InputFileError": "st5_jax.data.rows",
+    "BadRowError": "st5_jax.errors",
+    "InputFileError": "st5_jax.errors",
     "RowStats": "st5_jax.data.rows",
 }
 

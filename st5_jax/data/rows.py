@@ -19,7 +19,6 @@ import csv
 import dataclasses
 import json
 import logging
-import os
 import re
 import struct
 from typing import Any, Iterable, Iterator, Mapping, Sequence

@@ -12,7 +12,6 @@ garbage-collected tf.data iterator can otherwise deadlock against such a lock.
 from __future__ import annotations
 
 import json
-import os
 from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -22,7 +21,8 @@ import tensorflow as tf
 from st5_jax import paths
 from st5_jax.data import builders as builders_lib
 from st5_jax.data import config, overlap
-from st5_jax.data.rows import InputFileError, RowFormat, RowReader, RowStats
+from st5_jax.data.rows import RowFormat, RowReader, RowStats
+from st5_jax.errors import InputFileError
 
 PREPARED_FORMAT_VERSION = 1
 _CHUNK = 512

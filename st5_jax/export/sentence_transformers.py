@@ -25,7 +25,7 @@ from typing import Mapping, MutableMapping
 import numpy as np
 from safetensors.numpy import save_file
 
-from st5_jax import paths, vocab
+from st5_jax import vocab
 from st5_jax.checkpoints import hf
 from st5_jax.configs import ST5Config
 

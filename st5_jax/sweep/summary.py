@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from st5_jax import paths
+from st5_jax.evaluation.sets import SUITES
 from st5_jax.sweep.definition import Run
 from st5_jax.sweep.records import is_finished, read_record
 
@@ -23,8 +24,6 @@ CSV_COLUMNS = ("arm", "task", "n", "mean", "std", "min", "max", "selected", "rol
 
 def run_values(record: dict | None, tasks: Sequence[str]) -> dict[str, float]:
   """{task: headline number} of a finished run's evaluation (+ STS-avg when all 7 STS tasks are there)."""
-  from st5_jax.evaluation.harness import SUITES  # pylint: disable=g-import-not-at-top  (scikit-learn)
-
   results = ((record or {}).get("eval") or {}).get("tasks", {})
   values = {t: float(results[t]["main"]) for t in tasks if t in results and results[t].get("main") is not None}
   sts = SUITES["sts"]

@@ -1,13 +1,21 @@
-"""The public datasets the project knows: files, sha256 and where to download them.
+"""The public datasets the project knows: files, sha256 and where to get them.
 
 Files are listed by their path inside the data folder (the layout `st5 data prepare
---out` writes), with the sha256 the datasets' DATA.md records. Each file has canonical
-URLs, tried in order: the dataset's own upstream location (an archive member is written
-`archive_url#member`) and then the public repository copy DATA.md names, which has
-exactly these bytes. Files derived or rebuilt for this project have no public copy with
-the same bytes: they are local-only (`urls=()`), obtainable from a local folder
-(--source) or a mirror (--base-url). Extras are optional large files whose checksum is
-not known here.
+--out` writes), with the sha256 the datasets' DATA.md records. A dataset's files come
+from one of three places:
+
+* downloaded: each file has canonical URLs, tried in order: the dataset's own upstream
+  location (an archive member is written `archive_url#member`) and then the public
+  repository copy DATA.md names, which has exactly these bytes;
+* derived: the dataset names its `Recipe`, the datasets it is made from and the function
+  (st5_jax.data.offline.derive) that `st5 data prepare` runs on their verified files; the
+  result must have the sha256 listed here, so a derived file is as checked as a download;
+* local-only (no URL, no recipe): obtainable only from a local folder (--source) or a
+  mirror (--base-url); `prepare` takes it when a copy is at hand and otherwise skips it,
+  which is why no training task, and nothing the README's main job or `st5 eval`'s
+  default suites read, may depend on one.
+
+Extras (`optional`) are large files whose checksum is not known here.
 """
 
 from __future__ import annotations
@@ -24,16 +32,26 @@ class RemoteFile:
 
 
 @dataclasses.dataclass(frozen=True)
+class Recipe:
+  """How `st5 data prepare` derives a dataset's files from other datasets' files."""
+  name: str  # the function in st5_jax.data.offline.derive.RECIPES
+  sources: tuple[str, ...]  # the datasets it reads (prepared first, checksummed as usual)
+  command: str  # the same done by hand
+
+
+@dataclasses.dataclass(frozen=True)
 class Dataset:
   name: str
   description: str
   files: tuple[RemoteFile, ...]
   optional: bool = False
   note: str = ""
+  derived: Recipe | None = None
 
   @property
   def local_only(self) -> bool:
-    return all(not f.urls for f in self.files)
+    """Neither downloadable nor derivable: only a local folder or a mirror has it."""
+    return self.derived is None and all(not f.urls for f in self.files)
 
 
 def github(repo: str, commit: str, path: str) -> str:
@@ -339,12 +357,12 @@ def _urls(relpath: str) -> tuple[str, ...]:
     if name == "CQA-QL-test.xml":
       urls.append(github("diyessi/Iyas", "3773b29", f"{base}/datasets/emnlp15/{name}"))
     return tuple(urls)
-  return ()  # derived or reconstructed here: local-only
+  return ()  # derived (see its Recipe) or local-only
 
 
-def _dataset(name: str, description: str, note: str = "") -> Dataset:
+def _dataset(name: str, description: str, note: str = "", derived: Recipe | None = None) -> Dataset:
   files = tuple(RemoteFile(p, h, _urls(p)) for p, h in sorted(CHECKSUMS[name].items()))
-  return Dataset(name, description, files, note=note)
+  return Dataset(name, description, files, note=note, derived=derived)
 
 
 DATASETS: dict[str, Dataset] = {d.name: d for d in [
@@ -355,12 +373,19 @@ DATASETS: dict[str, Dataset] = {d.name: d for d in [
     _dataset("senteval_transfer", "SentEval transfer tasks MR, CR, SUBJ, MPQA, SST, TREC, MRPC"),
     _dataset("glue", "GLUE task files (CoLA, SST-2, MRPC, RTE, STS-B, QNLI dev/test, WNLI, diagnostic)"),
     _dataset("snli_senteval", "SNLI dev/test in SentEval's s1/s2/labels layout"),
+    # The README's main job (gin/st5_tiny_cpu.gin) trains on it: `prepare` derives it, so a first run needs no copy.
     _dataset("snli_triples_derived", "6,339 SimCSE-format triples derived here from SNLI dev/test",
-             note="derived for this project: local-only (rebuild with `st5 data nli-triples`)"),
+             note="derived by `st5 data prepare` from snli_senteval, sha256-checked",
+             derived=Recipe("snli_devtest_triples", ("snli_senteval",),
+                            "st5 data nli-triples --mode per_entailment on nli/snli_senteval_devtest/s1.dev and "
+                            "s1.test, rows tagged with a split column (dev, then test)")),
     _dataset("trecqa", "TREC-QA answer sentence selection (Wang et al. 2007; Yao et al. 2013)"),
     _dataset("wikiqa", "WikiQA answer sentence selection"),
     _dataset("squad_dev_reconstructed", "SQuAD v1.1 dev rebuilt from the SQuAD explorer pages",
-             note="reconstructed: differs from the official dev-v1.1.json (answer_start offsets): local-only"),
+             note="reconstructed: differs from the official dev-v1.1.json (answer_start offsets), so local-only; "
+                  "read by no training task, the README's main job or `st5 eval`'s default suites (SentGLUE-QNLI "
+                  "reads glue/QNLI), only by the builders' tests and, without the official file (squad_official), "
+                  "by the retrieval suite's SQuAD sets: `prepare` skips it unless a copy is at hand"),
     _dataset("qatar_living_2016", "SemEval-2016 Task 3 Qatar Living CQA, cleaned CSV (subtasks A, B, C)"),
     _dataset("qatar_living_2015", "SemEval-2015 Task 3 Qatar Living CQA, English XML (dev, test, trial)"),
     # Optional: not in the development data; checksums unknown here (--trust-unverified records them).
@@ -386,9 +411,11 @@ DATASETS: dict[str, Dataset] = {d.name: d for d in [
 
 CORE_DATASETS = tuple(n for n, d in DATASETS.items() if not d.optional)
 
-# The evaluation sets public tasks are decontaminated against (st5_jax.data.overlap); part of
-# every prepared task's fingerprint, so a task is rebuilt when they change or arrive.
-EVALUATION_DATASETS = ("stsb", "sts12_16", "sick", "senteval_transfer", "glue")
+# The datasets of the evaluation sets public tasks are decontaminated against (st5_jax.data.overlap: every set of
+# st5_jax.evaluation.sets, the retrieval sets' SQuAD dev, Qatar Living B, WikiQA and TREC-QA included); part of every
+# prepared task's fingerprint, so a task is rebuilt when they change or arrive (e.g. a SQuAD dev copy added later).
+EVALUATION_DATASETS = ("stsb", "sts12_16", "sick", "senteval_transfer", "glue", "qatar_living_2016", "wikiqa",
+                       "trecqa", "squad_official", "squad_dev_reconstructed")
 # Which datasets each public task is built from (prepare builds a task when all are present).
 TASK_DATASETS: dict[str, tuple[str, ...]] = {
     # SQuAD *train* only: GLUE QNLI dev (SentGLUE-QNLI) is built from SQuAD dev.

@@ -1,11 +1,12 @@
 """Getting dataset files: from a local folder, a mirror or canonical URLs, checksum-verified.
 
-`fetch_file` tries, in order: the copy already in the output folder, a local source
-folder in the data layout (files at their catalog relpaths), then downloads (a mirror `base_url` laid out
-the same way, or the file's canonical URLs). A file is only ever written under its
-final name after its sha256 matched, so an interrupted or corrupt download never
-looks like a good file. When everything fails, the error names the file, every
-place tried with what went wrong, and where to put a copy.
+`Fetcher.fetch` tries, in order: the copy already in the output folder, a local source
+folder in the data layout (files at their catalog relpaths), then downloads (a mirror
+`base_url` laid out the same way, or the file's canonical URLs). A file is only ever
+written under its final name after its sha256 matched, so an interrupted or corrupt
+download never looks like a good file. When everything fails, the error names the file,
+every place tried with what went wrong, and where to put a copy. Derived files are never
+downloaded: prepare takes a verified copy at hand, else derives them (derive.py).
 """
 
 from __future__ import annotations
@@ -151,7 +152,8 @@ class Fetcher:
       return [f"{self.base_url}/{urllib.parse.quote(f.relpath)}"]
     return list(f.urls)
 
-  def fetch(self, f: RemoteFile) -> FetchResult:
+  def fetch(self, f: RemoteFile, *, download_allowed: bool = True) -> FetchResult:
+    """The file from the output folder, the source folder or (download_allowed) a download; else FetchError."""
     dest = os.path.join(self.out_dir, f.relpath)
     tried = []
     if os.path.exists(dest):
@@ -173,7 +175,7 @@ class Fetcher:
         tried.append(f"{src}: local copy has sha256 {digest}, expected {f.sha256}")
       else:
         tried.append(f"{src}: not found")
-    urls = [] if self.offline else self.candidate_urls(f)
+    urls = self.candidate_urls(f) if download_allowed and not self.offline else []
     if self.offline:
       tried.append("downloads disabled (--offline)")
     for url in urls:
@@ -190,8 +192,8 @@ class Fetcher:
         return FetchResult(f.relpath, "downloaded", digest, url, verified=f.sha256 is not None)
       except (DownloadError, KeyError, zipfile.BadZipFile, tarfile.TarError) as e:
         tried.append(f"{url}: {e}" if not isinstance(e, DownloadError) else str(e))
-    if not urls and not self.offline and not self.base_url:
-      tried.append("no public URL with identical bytes (derived or reconstructed file: local-only)")
+    if download_allowed and not urls and not self.offline and not self.base_url:
+      tried.append("no public URL with identical bytes (reconstructed file: local-only)")
     raise FetchError(
         f"Cannot get {f.relpath}. Tried:\n  - " + "\n  - ".join(tried) +
         f"\nPut a copy at {dest}, or at {f.relpath} inside another folder and pass that folder as --source "

@@ -1,7 +1,15 @@
 """`st5 data prepare`: get every known dataset and write what the tasks read.
 
+From an empty folder it writes every file the README's main job (`st5 train --gin_file
+st5_tiny_cpu.gin`) and `st5 eval` read: downloaded files, and derived ones (the demo's NLI
+triples) made here from their downloaded sources by the catalogue's recipe (derive.py),
+checked against the same sha256 as a download. Local-only datasets are taken when a copy
+is at hand (OUT or --source) and otherwise skipped: nothing those commands read is one
+(the SQuAD dev reconstruction is read only by tests and, as a fallback of the official
+file, by the retrieval suite's SQuAD sets).
+
 Output layout (OUT):
-  OUT/<raw files at catalog relpaths: stsb/, glue/...> copied or downloaded, sha256-verified
+  OUT/<raw files at catalog relpaths: stsb/, glue/...> copied, downloaded or derived, sha256-verified
   OUT/prepared/<task>/<split>.jsonl                 one example per line: inputs, targets,
                                                     [negative_targets], source (file:line)
   OUT/prepared/MANIFEST.json                        checksums, row counts, skipped rows
@@ -28,9 +36,10 @@ from tqdm import tqdm
 from st5_jax.data import builders as builders_lib
 from st5_jax.data.offline import catalog
 from st5_jax.data import overlap
+from st5_jax.data.offline import derive as derive_lib
 from st5_jax.data.offline import download as download_lib
 from st5_jax.data import sources as sources_lib
-from st5_jax.data.rows import BadRowError, InputFileError
+from st5_jax.errors import BadRowError
 
 MANIFEST = "MANIFEST.json"
 
@@ -70,6 +79,7 @@ class PrepareReport:
   datasets: list
   tasks: list
   tfds: list = dataclasses.field(default_factory=list)  # (task, TFDS name, directory, status)
+  skipped: list = dataclasses.field(default_factory=list)  # local-only datasets without a copy at hand
 
   @property
   def errors(self) -> list[str]:
@@ -83,12 +93,15 @@ class PrepareReport:
 
   def summary(self) -> str:
     lines = [f"Data folder: {self.out_dir}", "",
-             f"{'dataset':26} {'files':>5}  {'present':>7} {'copied':>6} {'downloaded':>10}  {'lines':>9}  status"]
+             f"{'dataset':26} {'files':>5}  {'present':>7} {'copied':>6} {'downloaded':>10} {'derived':>7}  "
+             f"{'lines':>9}  status"]
     for d in self.datasets:
       c = d.counts()
       status = "ok" if not d.errors else f"{len(d.errors)} file(s) missing"
       lines.append(f"{d.name:26} {len(d.files) + len(d.errors):>5}  {c.get('present', 0):>7} {c.get('copied', 0):>6} "
-                   f"{c.get('downloaded', 0):>10}  {d.lines:>9}  {status}")
+                   f"{c.get('downloaded', 0):>10} {c.get('derived', 0):>7}  {d.lines:>9}  {status}")
+    for name in self.skipped:  # what a first run needs is never local-only (catalog.py)
+      lines.append(f"{name:26} skipped: local-only (no public copy) and no copy in the output or --source folder")
     lines += ["", f"{'prepared task (split)':46} {'rows read':>9} {'written':>8} {'skipped':>8} {'filtered':>8}  status"]
     for t in self.tasks:
       s = t.stats
@@ -133,18 +146,44 @@ def _write_json_atomic(path: str, obj) -> None:
   os.replace(tmp, path)
 
 
-def _select(datasets: Sequence[str] | None, out_dir: str, source_dir: str | None) -> list[str]:
+def _at_hand(d: catalog.Dataset, out_dir: str, source_dir: str | None) -> bool:
+  return all(any(os.path.exists(os.path.join(root, f.relpath)) for root in (out_dir, source_dir) if root)
+             for f in d.files)
+
+
+def _with_sources(names: Sequence[str]) -> list[str]:
+  """`names` with every derived dataset's sources before it (a recipe reads their verified files)."""
+  out: list[str] = []
+
+  def add(name: str) -> None:
+    if name in out:
+      return
+    recipe = catalog.DATASETS[name].derived
+    for source in recipe.sources if recipe else ():
+      add(source)
+    out.append(name)
+
+  for name in names:
+    add(name)
+  return out
+
+
+def _select(datasets: Sequence[str] | None, out_dir: str, source_dir: str | None) -> tuple[list[str], list[str]]:
+  """(datasets to prepare, sources first; local-only core datasets skipped for want of a copy)."""
   if datasets:
     unknown = [d for d in datasets if d not in catalog.DATASETS]
     if unknown:
       raise PrepareError(f"Unknown dataset(s) {unknown}; known: {sorted(catalog.DATASETS)}.")
-    return list(datasets)
-  names = list(catalog.CORE_DATASETS)
-  for name, d in catalog.DATASETS.items():  # extras are taken when a copy is at hand
-    if d.optional and all(any(os.path.exists(os.path.join(root, f.relpath)) for root in (out_dir, source_dir) if root)
-                          for f in d.files):
-      names.append(name)
-  return names
+    return _with_sources(datasets), []
+  names, skipped = [], []
+  for name, d in catalog.DATASETS.items():
+    # Extras, and core datasets nothing can fetch (local-only), are taken when a copy is at hand.
+    if (d.optional or d.local_only) and not _at_hand(d, out_dir, source_dir):
+      if not d.optional:
+        skipped.append(name)
+      continue
+    names.append(name)
+  return _with_sources(names), skipped
 
 
 def _progress_factory(enabled: bool):
@@ -173,7 +212,7 @@ def prepare(*, out_dir: str, source_dir: str | None = None, base_url: str | None
   os.makedirs(out_dir, exist_ok=True)
   if not os.access(out_dir, os.W_OK):
     raise PrepareError(f"Output folder {out_dir} is not writable; pass --out to a writable folder.")
-  names = _select(datasets, out_dir, source_dir)
+  names, skipped = _select(datasets, out_dir, source_dir)
   prepared = os.path.join(out_dir, "prepared")
   os.makedirs(prepared, exist_ok=True)
   manifest = _load_manifest(prepared)
@@ -188,17 +227,22 @@ def prepare(*, out_dir: str, source_dir: str | None = None, base_url: str | None
     bar = tqdm(total=len(all_files), desc="files", unit="file", file=sys.stderr)
   try:
     for name in names:
-      report = DatasetReport(name)
-      for f in catalog.DATASETS[name].files:
-        try:
-          result = fetcher.fetch(f)
-          report.files.append(result)
-          if not f.relpath.endswith(".model"):
-            report.lines += _count_lines(os.path.join(out_dir, f.relpath))
-        except download_lib.FetchError as e:
-          report.errors.append(str(e))
+      dataset = catalog.DATASETS[name]
+      if dataset.derived:
+        report = _derive(dataset, fetcher, out_dir, failed={r.name for r in reports if r.errors})
         if bar is not None:
-          bar.update(1)
+          bar.update(len(dataset.files))
+      else:
+        report = DatasetReport(name)
+        for f in dataset.files:
+          try:
+            report.files.append(fetcher.fetch(f))
+          except download_lib.FetchError as e:
+            report.errors.append(str(e))
+          if bar is not None:
+            bar.update(1)
+      report.lines = sum(_count_lines(os.path.join(out_dir, r.relpath)) for r in report.files
+                         if not r.relpath.endswith(".model"))
       if not report.errors:
         manifest["datasets"][name] = {r.relpath: {"sha256": r.sha256, "verified": r.verified} for r in report.files}
       reports.append(report)
@@ -213,9 +257,30 @@ def prepare(*, out_dir: str, source_dir: str | None = None, base_url: str | None
   task_reports = _build_tasks(out_dir, prepared, manifest, ready, strict=strict, progress=progress)
   manifest["updated"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
   _write_json_atomic(os.path.join(prepared, MANIFEST), manifest)
-  report = PrepareReport(out_dir, reports, task_reports)
+  report = PrepareReport(out_dir, reports, task_reports, skipped=skipped)
   if tfds:
     report.tfds = _write_tfds(out_dir, prepared, task_reports, progress=progress)
+  return report
+
+
+def _derive(dataset: catalog.Dataset, fetcher: download_lib.Fetcher, out_dir: str, *,
+            failed: set[str]) -> DatasetReport:
+  """A derived dataset: its verified copy at hand (OUT or --source), else made from its sources by its recipe."""
+  report = DatasetReport(dataset.name)
+  try:
+    report.files = [fetcher.fetch(f, download_allowed=False) for f in dataset.files]
+    return report
+  except download_lib.FetchError:
+    pass  # not at hand: derive all of its files
+  missing = [s for s in dataset.derived.sources if s in failed]
+  if missing:
+    report.errors = [f"Cannot derive {f.relpath}: its source dataset(s) {', '.join(missing)} could not be got (see "
+                     "above)." for f in dataset.files]
+    return report
+  try:
+    report.files = derive_lib.derive(dataset, out_dir)
+  except derive_lib.DeriveError as e:
+    report.errors = [str(e)]
   return report
 
 

@@ -1,7 +1,7 @@
-"""The token cache written by an Apache Beam pipeline: the same files as `cache.write_cache`, at any size.
+"""The token cache written by an Apache Beam pipeline: the same files as `cache_writer.write_cache`, at any size.
 
 The in-memory writer holds a task split in one process; this pipeline spreads the same
-pure steps (st5_jax.data.cache) over Beam workers, so the DirectRunner here and Cloud
+pure steps (st5_jax.data.offline.cache_writer) over Beam workers, so the DirectRunner here and Cloud
 Dataflow there write byte-identical shards and the same manifest:
 
     read units ──► rows ──► decontaminate ──► tokenise ──► by shard ──► dedup + write shard ──► manifest
@@ -34,6 +34,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from st5_jax import paths
 from st5_jax.data import cache, overlap, sources as sources_lib, streams
+from st5_jax.data.offline import cache_writer
 from st5_jax.data.rows import RowStats
 
 log = logging.getLogger("st5_jax.data")
@@ -81,11 +82,11 @@ def write_shard(index: int, values: Iterable[Any], *, out_dir: str, num_shards: 
       dropped += 1
       continue
     kept.append(item)
-  counts = cache._Counts()  # pylint: disable=protected-access
-  cache.count_trimmed(counts, names, [item[3] for item in kept])
-  data = cache.encode_shard((key, record) for key, _, record, _ in kept)
+  counts = cache_writer._Counts()  # pylint: disable=protected-access
+  cache_writer.count_trimmed(counts, names, [item[3] for item in kept])
+  data = cache_writer.encode_shard((key, record) for key, _, record, _ in kept)
   paths.write_bytes(paths.join(out_dir, cache.shard_name(index, num_shards)), data)
-  return {"entry": cache.shard_entry(index, num_shards, data, len(kept)), "dropped_duplicates": dropped,
+  return {"entry": cache_writer.shard_entry(index, num_shards, data, len(kept)), "dropped_duplicates": dropped,
           "trimmed": counts.trimmed, "trimmed_by_feature": counts.trimmed_by_feature}
 
 
@@ -121,7 +122,7 @@ def write_cache_beam(task: str, split: str, out_dir: str, num_shards: int, featu
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
 
-  provider, layout = cache.resolve_task(task, split, feature_lengths)
+  provider, layout = cache_writer.resolve_task(task, split, feature_lengths)
   if num_shards < 1:
     raise cache.CacheError(f"num_shards must be at least 1, got {num_shards}.")
   if not streams.uses_numpy_path(provider, layout):
@@ -133,10 +134,10 @@ def write_cache_beam(task: str, split: str, out_dir: str, num_shards: int, featu
     out_dir = os.path.abspath(out_dir)
   reader = provider.source.open(split)
   build_stats = dict(reader.build_stats)
-  specs = cache.token_specs(provider, layout)
+  specs = cache_writer.token_specs(provider, layout)
   names = [name for name, *_ in specs]
   models = {f.task_key: provider.output_features[f.task_key].vocabulary.sp_model for f in layout.features}
-  index, missing = cache.contamination_index(decontaminate)
+  index, missing = cache_writer.contamination_index(decontaminate)
   units = _units(reader)
   _clear(out_dir, num_shards)
   paths.mkdir(out_dir)
@@ -166,11 +167,11 @@ def write_cache_beam(task: str, split: str, out_dir: str, num_shards: int, featu
       self._sp = {n: spm.SentencePieceProcessor(model_proto=m) for n, m in models.items()}
 
     def process(self, rows):
-      data, long = cache.tokenize_block([ex for _, ex in rows], specs,
+      data, long = cache_writer.tokenize_block([ex for _, ex in rows], specs,
                                         lambda n, texts: self._sp[n].encode(texts, out_type=int))
       for (position, ex), record, flags in zip(rows, data, long):
-        key = cache.dedup_key([ex[n] for n in names])
-        yield cache.shard_of(key, num_shards), (key, position, record, tuple(flags))
+        key = cache_writer.dedup_key([ex[n] for n in names])
+        yield cache_writer.shard_of(key, num_shards), (key, position, record, tuple(flags))
 
   def manifest_of(_, shards, unit_stats, contaminated):
     read = RowStats()
@@ -184,8 +185,8 @@ def write_cache_beam(task: str, split: str, out_dir: str, num_shards: int, featu
       read.merge(part)
     for name, n in collections.Counter(contaminated).items():
       read.rows_filtered += n
-      read.filtered_by_reason[f"{cache._CONTAMINATED_PREFIX} {name}"] += n  # pylint: disable=protected-access
-    counts = cache._Counts(examples_in=examples_in)  # pylint: disable=protected-access
+      read.filtered_by_reason[f"{cache_writer._CONTAMINATED_PREFIX} {name}"] += n  # pylint: disable=protected-access
+    counts = cache_writer._Counts(examples_in=examples_in)  # pylint: disable=protected-access
     shards = sorted(shards, key=lambda s: s["entry"]["file"])
     for s in shards:
       counts.dropped_duplicates += s["dropped_duplicates"]
@@ -195,13 +196,13 @@ def write_cache_beam(task: str, split: str, out_dir: str, num_shards: int, featu
     entries = [s["entry"] for s in shards]
     if not sum(e["examples"] for e in entries):
       counts.trimmed_by_feature = {}  # as the in-memory writer: nothing tokenised, no per-feature counts
-    manifest = cache.make_manifest(
-        task=provider.name, split=split, features=cache.feature_specs(provider, layout),
+    manifest = cache_writer.make_manifest(
+        task=provider.name, split=split, features=cache_writer.feature_specs(provider, layout),
         vocabulary_sha256=cache.vocabulary_sha256(provider, layout), shards=entries,
-        stats=cache.cache_stats(build_stats, read.as_dict(), counts, entries, True), pipeline="beam",
-        dedup=dedup, decontaminated=cache.decontaminated_flag(provider, index is not None),
+        stats=cache_writer.cache_stats(build_stats, read.as_dict(), counts, entries, True), pipeline="beam",
+        dedup=dedup, decontaminated=cache_writer.decontaminated_flag(provider, index is not None),
         missing_evaluation_sets=missing)
-    paths.write_bytes(paths.join(out_dir, cache.MANIFEST), cache.manifest_bytes(manifest))
+    paths.write_bytes(paths.join(out_dir, cache.MANIFEST), cache_writer.manifest_bytes(manifest))
     return manifest
 
   start = time.perf_counter()

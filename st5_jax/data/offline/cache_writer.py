@@ -1,0 +1,363 @@
+"""`st5 data cache`: the token cache of one task split written in memory (the format: st5_jax.data.cache).
+
+What a writer does is split into pure steps, so that the distributed writer (the Apache
+Beam pipeline of st5_jax.data.offline.beam_cache) produces byte-identical files:
+
+1. `dedup_key(texts)` -- blake2b-128 of the features' normalised texts
+   (st5_jax.data.overlap.normalize); of examples with the same key the first in the
+   source's order is kept (a Beam pipeline keeps the smallest source position).
+2. `encode_example(...)` -- the record bytes (protobuf's deterministic serialisation).
+3. `shard_of(key, num_shards)` -- the key's first 8 bytes, big-endian, mod num_shards.
+4. `encode_shard(records)` -- the records of one shard sorted by (key, bytes), framed
+   as TFRecord (length, masked CRC32C of the length, data, masked CRC32C of the data).
+5. `make_manifest(...)` -- JSON with sorted keys and no timestamps.
+
+`write_cache` runs them in memory over the task's existing path: for this project's
+sources the same rows, filters and decontamination as the NumPy path (and the same
+tokens: convert.encode_block's rule), and then drops examples with a text in any
+evaluation set (`decontaminate`, default on: users' tasks too; counted by set); for any
+other seqio task its own pipeline (seqio.get_dataset, unshuffled). Training reads the
+result with st5_jax.data.cache's CacheReader and never imports this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import struct
+import tempfile
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+import seqio
+
+from st5_jax import paths
+from st5_jax.data import convert, feature_converters, overlap, streams
+from st5_jax.data import sources as sources_lib
+from st5_jax.data.cache import FORMAT, FORMAT_VERSION, MANIFEST, CacheError, shard_name, vocabulary_sha256
+from st5_jax.data.rows import RowStats, _masked_crc
+
+_CONTAMINATED_PREFIX = "text in evaluation set"
+_BLOCK = 1024
+
+
+# ----------------------------------------------------------------------------- pure steps
+
+
+def dedup_key(texts: Sequence[str]) -> bytes:
+  """16 bytes identifying an example by its features' normalised texts (NFKC, lower case, alphanumerics)."""
+  h = hashlib.blake2b(digest_size=16)
+  for t in texts:
+    h.update(overlap.normalize(t).encode("utf-8"))
+    h.update(b"\x1f")
+  return h.digest()
+
+
+def shard_of(key: bytes, num_shards: int) -> int:
+  return int.from_bytes(key[:8], "big") % num_shards
+
+
+def encode_example(tokens: Mapping[str, Sequence[int]], scalars: Mapping[str, Any] | None = None) -> bytes:
+  """A tf.train.Example: int64 lists of token ids, one-element int64/float lists for scalars."""
+  from tensorflow.core.example import example_pb2, feature_pb2  # pylint: disable=g-import-not-at-top
+  feats = {k: feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=[int(x) for x in v]))
+           for k, v in tokens.items()}
+  for k, v in (scalars or {}).items():
+    if isinstance(v, (float, np.floating)):
+      feats[k] = feature_pb2.Feature(float_list=feature_pb2.FloatList(value=[float(v)]))
+    else:
+      feats[k] = feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=[int(v)]))
+  return example_pb2.Example(features=feature_pb2.Features(feature=feats)).SerializeToString(deterministic=True)
+
+
+def frame_record(data: bytes) -> bytes:
+  length = struct.pack("<Q", len(data))
+  return length + struct.pack("<I", _masked_crc(length)) + data + struct.pack("<I", _masked_crc(data))
+
+
+def encode_shard(records: Iterable[tuple[bytes, bytes]]) -> bytes:
+  """The bytes of one shard file from its (key, record) pairs, in any order."""
+  return b"".join(frame_record(data) for _, data in sorted(records))
+
+
+def shard_entry(index: int, num_shards: int, data: bytes, examples: int) -> dict[str, Any]:
+  return {"file": shard_name(index, num_shards), "examples": examples, "bytes": len(data),
+          "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def make_manifest(*, task: str, split: str, features: Sequence[Mapping[str, Any]], vocabulary_sha256: str,
+                  shards: Sequence[Mapping[str, Any]], stats: Mapping[str, Any], pipeline: str,
+                  dedup: bool, decontaminated: bool | None,
+                  missing_evaluation_sets: Sequence[str] = ()) -> dict[str, Any]:
+  return {
+      "format": FORMAT, "format_version": FORMAT_VERSION, "task": task, "split": split,
+      "features": [dict(f) for f in features],
+      "feature_lengths": {f["name"]: f["length"] for f in features if f["kind"] == "tokens"},
+      "vocabulary_sha256": vocabulary_sha256, "pipeline": pipeline,
+      "dedup": ("blake2b-128 of the features' texts normalised as st5_jax.data.overlap.normalize; "
+                "first in source order kept") if dedup else None,
+      "decontaminated": decontaminated,
+      "decontamination_missing_sets": sorted(m.split(" (")[0] for m in missing_evaluation_sets),
+      "sharding": "shard = first 8 bytes of the dedup key, big-endian, mod num_shards; records sorted by "
+                  "(key, record bytes)",
+      "num_shards": len(shards), "num_examples": sum(s["examples"] for s in shards),
+      "shards": [dict(s) for s in shards], "stats": dict(stats),
+  }
+
+
+def manifest_bytes(manifest: Mapping[str, Any]) -> bytes:
+  return (json.dumps(manifest, sort_keys=True, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+def feature_specs(task: seqio.Task, layout: convert.BatchLayout) -> list[dict[str, Any]]:
+  """What a cache stores per feature (task feature names, lengths, EOS)."""
+  out = []
+  for f in layout.features:
+    spec = {"name": f.task_key, "kind": "tokens" if f.is_tokens else "scalar", "dtype": f.dtype,
+            "length": f.length, "add_eos": f.add_eos}
+    if f.is_tokens:
+      spec["eos_id"] = int(task.output_features[f.task_key].vocabulary.eos_id) if f.add_eos else None
+    out.append(spec)
+  return out
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+@dataclasses.dataclass
+class _Counts:
+  examples_in: int = 0
+  dropped_duplicates: int = 0
+  trimmed: int = 0
+  trimmed_by_feature: dict = dataclasses.field(default_factory=dict)
+
+
+def token_specs(task: seqio.Task, layout: convert.BatchLayout) -> list[tuple[str, int, bool, int]]:
+  """(task feature, kept tokens before EOS, add EOS, EOS id) per token feature: convert.encode_block's rule."""
+  out = []
+  for f in layout.features:
+    vocab = task.output_features[f.task_key].vocabulary
+    out.append((f.task_key, f.length - 1 if f.add_eos else f.length, f.add_eos, int(vocab.eos_id)))
+  return out
+
+
+def tokenize_block(examples: Sequence[Mapping[str, str]], specs, encode) -> tuple[list[bytes], list[tuple[bool, ...]]]:
+  """Record bytes of examples and, per example, which features were trimmed.
+
+  `encode(feature, texts)` returns token ids per text (the feature's SentencePiece model).
+  """
+  columns, long = {}, []
+  for name, keep, add_eos, eos_id in specs:
+    ids = encode(name, [ex[name] for ex in examples])
+    long.append([len(row) > keep for row in ids])
+    columns[name] = [row[:keep] + ([eos_id] if add_eos else []) for row in ids]
+  records = [encode_example({name: rows[i] for name, rows in columns.items()}) for i in range(len(examples))]
+  return records, list(zip(*long)) if long else [() for _ in examples]
+
+
+def contamination_index(decontaminate: bool) -> tuple[dict[str, str] | None, tuple[str, ...]]:
+  """{normalised evaluation text: first evaluation set holding it} and the sets missing, or (None, ())."""
+  if not decontaminate:
+    return None, ()
+  from st5_jax.data import config  # pylint: disable=g-import-not-at-top
+  data_dir = str(config.data_dir())
+  return overlap.evaluation_index(data_dir), overlap.missing_evaluation_sets(data_dir)
+
+
+def _numpy_path_records(task: seqio.Task, split: str, layout: convert.BatchLayout, *, dedup: bool,
+                        index: dict[str, str] | None, counts: _Counts,
+                        stats: RowStats) -> tuple[Iterator[tuple[bytes, bytes]], dict]:
+  """(key, record) of a project source's examples in source order, tokenised as convert.encode_block."""
+  reader = task.source.open(split)
+  specs = token_specs(task, layout)
+  names = [name for name, *_ in specs]
+  vocabs = {f.task_key: task.output_features[f.task_key].vocabulary for f in layout.features}
+
+  def encode(name, texts):
+    return vocabs[name].tokenizer.encode(texts, out_type=int)
+
+  def records():
+    seen: set[bytes] = set()
+    block: list[tuple[bytes, dict]] = []
+
+    def flush():
+      data, long = tokenize_block([ex for _, ex in block], specs, encode)
+      count_trimmed(counts, names, long)
+      for (key, _), record in zip(block, data):
+        yield key, record
+      block.clear()
+
+    for ex in reader.iter_examples(stats=stats):
+      counts.examples_in += 1
+      if index is not None:
+        hit = overlap.first_hit(index, [ex[n] for n in names])
+        if hit is not None:
+          stats.filter(f"{_CONTAMINATED_PREFIX} {hit}")
+          continue
+      key = dedup_key([ex[n] for n in names])
+      if dedup:
+        if key in seen:
+          counts.dropped_duplicates += 1
+          continue
+        seen.add(key)
+      block.append((key, ex))
+      if len(block) == _BLOCK:
+        yield from flush()
+    if block:
+      yield from flush()
+
+  return records(), dict(reader.build_stats)
+
+
+def count_trimmed(counts: _Counts, names: Sequence[str], long: Sequence[Sequence[bool]]) -> None:
+  for row in long:
+    counts.trimmed += int(any(row))
+    for name, flag in zip(names, row):
+      if flag:
+        counts.trimmed_by_feature[name] = counts.trimmed_by_feature.get(name, 0) + 1
+  for name in names:  # a feature never trimmed still gets its 0
+    counts.trimmed_by_feature.setdefault(name, 0)
+
+
+def _seqio_path_records(task: seqio.Task, split: str, layout: convert.BatchLayout, *, dedup: bool,
+                        counts: _Counts) -> Iterator[tuple[bytes, bytes]]:
+  """(key, record) of any seqio task's examples, unshuffled, as its pipeline and the converter make them.
+
+  The dedup key is made from the decoded (truncated) token ids; trimming is not known here.
+  """
+  converter = feature_converters.DualEncoderFeatureConverter(layout=layout)
+  ds = seqio.get_dataset(task, task_feature_lengths=layout.task_feature_lengths, feature_converter=converter,
+                         dataset_split=split, shuffle=False, num_epochs=1, use_cached=False, verbose=False)
+  seen: set[bytes] = set()
+  for ex in ds.as_numpy_iterator():
+    counts.examples_in += 1
+    tokens, scalars, texts = {}, {}, []
+    for f in layout.features:
+      v = ex[f.model_key]
+      if f.is_tokens:
+        nz = np.flatnonzero(v)
+        ids = v[:nz[-1] + 1].tolist() if len(nz) else []
+        tokens[f.task_key] = ids
+        vocab = task.output_features[f.task_key].vocabulary
+        texts.append(vocab.decode([i for i in ids if i != vocab.eos_id]))
+      else:
+        scalars[f.task_key] = v.item()
+        texts.append(repr(v.item()))
+    key = dedup_key(texts)
+    if dedup:
+      if key in seen:
+        counts.dropped_duplicates += 1
+        continue
+      seen.add(key)
+    yield key, encode_example(tokens, scalars)
+
+
+def build_cache(task: seqio.Task, split: str, layout: convert.BatchLayout, *, num_shards: int, dedup: bool = True,
+                decontaminate: bool = True, numpy_path: bool = True) -> tuple[list[bytes], dict[str, Any]]:
+  """The shard files' bytes and the manifest of a task split (nothing written)."""
+  if num_shards < 1:
+    raise CacheError(f"num_shards must be at least 1, got {num_shards}.")
+  counts = _Counts()
+  stats = RowStats()
+  use_numpy = numpy_path and streams.uses_numpy_path(task, layout)
+  index, missing = contamination_index(decontaminate) if use_numpy else (None, ())
+  if use_numpy:
+    records, build = _numpy_path_records(task, split, layout, dedup=dedup, index=index, counts=counts, stats=stats)
+  else:
+    records, build = _seqio_path_records(task, split, layout, dedup=dedup, counts=counts), {}
+  buckets: list[list[tuple[bytes, bytes]]] = [[] for _ in range(num_shards)]
+  for key, data in records:
+    buckets[shard_of(key, num_shards)].append((key, data))
+  shards = [encode_shard(b) for b in buckets]
+  entries = [shard_entry(i, num_shards, data, len(b)) for i, (data, b) in enumerate(zip(shards, buckets))]
+  manifest = make_manifest(
+      task=task.name, split=split, features=feature_specs(task, layout),
+      vocabulary_sha256=vocabulary_sha256(task, layout), shards=entries,
+      stats=cache_stats(build, stats.as_dict(), counts, entries, use_numpy),
+      pipeline="numpy" if use_numpy else "seqio", dedup=dedup,
+      decontaminated=decontaminated_flag(task, index is not None), missing_evaluation_sets=missing)
+  return shards, manifest
+
+
+def decontaminated_flag(task: seqio.Task, by_cache: bool) -> bool | None:
+  """True when the cache step or the public source dropped evaluation texts; None: not known (seqio path)."""
+  if by_cache:
+    return True
+  if isinstance(task.source, sources_lib.PublicSource):
+    from st5_jax.data import config  # pylint: disable=g-import-not-at-top
+    return bool(config.options().decontaminate)
+  return None
+
+
+def cache_stats(build: Mapping[str, Any], read: Mapping[str, Any], counts: _Counts,
+                entries: Sequence[Mapping[str, Any]], use_numpy: bool) -> dict[str, Any]:
+  """The manifest's stats from the source's build stats, the rows read (and filtered) and the cache step's counts."""
+  filtered = dict(build.get("filtered_by_reason", {}))
+  for k, v in read["filtered_by_reason"].items():
+    filtered[k] = filtered.get(k, 0) + v
+  contaminated = sum(v for k, v in filtered.items() if k.startswith(_CONTAMINATED_PREFIX))
+  return {
+      "source_rows_read": build.get("rows_read", read["rows_read"]) if use_numpy else None,
+      "source_rows_skipped": build.get("rows_skipped", 0) + read["rows_skipped"] if use_numpy else None,
+      "source_rows_filtered": build.get("rows_filtered", 0) + read["rows_filtered"] if use_numpy else None,
+      "filtered_by_reason": dict(sorted(filtered.items())) if use_numpy else None,
+      "rows_in": counts.examples_in,
+      "dropped_duplicates": counts.dropped_duplicates,
+      "dropped_contaminated": contaminated if use_numpy else None,
+      "trimmed": counts.trimmed if use_numpy else None,
+      "trimmed_by_feature": dict(sorted(counts.trimmed_by_feature.items())) if use_numpy else None,
+      "examples": sum(e["examples"] for e in entries),
+  }
+
+
+def resolve_task(task: str, split: str, feature_lengths: Mapping[str, int]) -> tuple[seqio.Task,
+                                                                                   convert.BatchLayout]:
+  """The task (not a mixture) and its batch layout, or a CacheError saying why not."""
+  provider = streams.get_provider(task)
+  if isinstance(provider, seqio.Mixture):
+    raise CacheError(f"{task} is a mixture; cache each of its tasks ({', '.join(t.name for t in provider.tasks)}).")
+  if split not in provider.splits:
+    raise CacheError(f"Task {task} has no split {split!r}; splits: {sorted(provider.splits)}.")
+  return provider, convert.batch_layout([provider], feature_lengths)
+
+
+def write_cache(task: str, split: str, out_dir: str, num_shards: int, feature_lengths: Mapping[str, int], *,
+                dedup: bool = True, decontaminate: bool = True, numpy_path: bool = True) -> dict[str, Any]:
+  """Writes the cache of one task split to `out_dir` (replaced as a whole) in memory; returns the manifest.
+
+  st5_jax.data.offline.beam_cache.write_cache_beam writes the same files with Apache Beam.
+  """
+  provider, layout = resolve_task(task, split, feature_lengths)
+  shards, manifest = build_cache(provider, split, layout, num_shards=num_shards, dedup=dedup,
+                                 decontaminate=decontaminate, numpy_path=numpy_path)
+  files = {e["file"]: data for e, data in zip(manifest["shards"], shards)}
+  files[MANIFEST] = manifest_bytes(manifest)
+  if paths.is_remote(out_dir):
+    with paths.staged_output(out_dir) as local:
+      _write_files(local, files)
+  else:
+    out_dir = os.path.abspath(out_dir)
+    parent = os.path.dirname(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".st5_cache_", dir=parent)
+    try:
+      _write_files(tmp, files)
+      if os.path.exists(out_dir):
+        shutil.rmtree(out_dir)
+      os.replace(tmp, out_dir)
+    finally:
+      shutil.rmtree(tmp, ignore_errors=True)
+  return manifest
+
+
+def _write_files(folder: str, files: Mapping[str, bytes]) -> None:
+  os.makedirs(folder, exist_ok=True)
+  for name, data in files.items():
+    with open(os.path.join(folder, name), "wb") as f:
+      f.write(data)
