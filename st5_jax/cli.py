@@ -31,6 +31,8 @@ COMMANDS = {
     "aot": "aot",
     "bench": "bench",
     "sweep": "sweep",
+    "index": "index",
+    "search": "search",
 }
 
 USER_ERROR_EXIT = 2

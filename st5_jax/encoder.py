@@ -17,8 +17,8 @@ one, so padding the next batch on the host overlaps the device's work.
 
 from __future__ import annotations
 
+import copy
 import logging
-import os
 from typing import Any, Sequence
 
 import jax
@@ -86,6 +86,14 @@ class SentenceEncoder(encode_options.EncodeAliases):
   @property
   def dim(self) -> int:
     return self.config.output_dim
+
+  def with_max_length(self, max_length: int) -> "SentenceEncoder":
+    """The same model and compiled encoder with another token limit (retrieval queries vs documents)."""
+    if max_length < 2:
+      raise ValueError(f"max_length must be at least 2 (a token and EOS), got {max_length}")
+    other = copy.copy(self)
+    other.config = self.config.replace(max_length=max_length)
+    return other
 
   def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
     return self.tokenizer.encode(texts, max_length=self.config.max_length)

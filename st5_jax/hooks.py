@@ -207,32 +207,41 @@ class LogMetrics:
                f" accuracy {host['accuracy']:.3f}," if acc else "", host["examples_per_sec"])
 
 
-class PeriodicEval:
-  """STS-B dev Spearman of the current parameters (one evaluator, compiled once, reused every call)."""
+def describe(scores: Mapping[str, float]) -> str:
+  """'STS-B dev Spearman 68.09' / 'TREC-QA-dev/MRR@10 0.412' for the log."""
+  return ", ".join(f"STS-B dev Spearman {v:.2f}" if k == "stsb_dev_spearman" else f"{k} {v:.4f}"
+                   for k, v in scores.items())
 
-  def __init__(self, evaluate: Callable[[Any], float | None], writer, *, skip_step: int,
-               on_score: Callable[[int, float, Any], None] | None = None):
+
+class PeriodicEval:
+  """The dev metrics of the current parameters (one evaluator, compiled once, reused every call)."""
+
+  def __init__(self, evaluate: Callable[[Any], Mapping[str, float] | None], writer, *, skip_step: int,
+               on_score: Callable[[int, float, Any], None] | None = None, metric: str = "stsb_dev_spearman"):
     self.evaluate, self.writer = evaluate, writer
     self.skip_step = skip_step  # the final step: evaluated once after training instead
-    self.on_score = on_score  # early stopping's BestKeeper.update
+    self.on_score = on_score  # early stopping's BestKeeper.update, with `metric`'s value
+    self.metric = metric
 
   def __call__(self, info: StepInfo) -> None:
     if info.step == self.skip_step:
       return
-    score = self.evaluate(info.state.params)
-    if score is not None:
-      self.writer.write(info.step, {"stsb_dev_spearman": score}, prefix="eval")
-      log.info("step %d: STS-B dev Spearman %.2f", info.step, score)
+    scores = self.evaluate(info.state.params)
+    if scores is not None:
+      self.writer.write(info.step, dict(scores), prefix="eval")
+      log.info("step %d: %s", info.step, describe(scores))
       if self.on_score is not None:
-        self.on_score(info.step, score, info.state)
+        self.on_score(info.step, scores[self.metric], info.state)
 
 
 @dataclasses.dataclass(frozen=True)
 class EarlyStopping:
   """Keep the best evaluated parameters in WORKDIR/best; stop after `patience` evaluations without improvement.
 
-  The metric is the in-training evaluation's STS-B dev Spearman x 100 (higher is better),
-  taken every `TrainConfig.eval_every` steps and after the last step (not before training).
+  The metric is one of the in-training evaluation's `TrainConfig.eval_metrics` (higher is
+  better): STS-B dev Spearman x 100 by default, or a dev retrieval measure such as
+  "TREC-QA-dev/MRR@10"; taken every `TrainConfig.eval_every` steps and after the last step
+  (not before training).
   An evaluation improves when it beats the best so far by more than `min_delta`.
   `patience=None` never stops early (the best is still kept). As sentence-transformers'
   `fit(evaluator=..., save_best_model=True)` and ConSERT's official runs, plus the stop.
@@ -247,9 +256,8 @@ class EarlyStopping:
       raise ValueError(f"EarlyStopping.patience must be >= 1 or None, got {self.patience}")
     if self.min_delta < 0:
       raise ValueError(f"EarlyStopping.min_delta must be >= 0, got {self.min_delta}")
-    if self.metric != "stsb_dev_spearman":
-      raise ValueError(f"EarlyStopping.metric: only 'stsb_dev_spearman' is evaluated during training, got "
-                       f"{self.metric!r}")
+    if not self.metric:
+      raise ValueError("EarlyStopping.metric must name one of TrainConfig.eval_metrics")
 
 
 class BestKeeper:
@@ -308,7 +316,7 @@ class Checkpoint:
 def trainer_hooks(*, mngr, writer, save: Callable[..., None], evaluate: Callable[[Any], float | None],
                   on_score: Callable[[int, float, Any], None] | None, caller: Sequence[Hook], global_batch_size: int,
                   num_train_steps: int, log_every: int, checkpoint_every: int, eval_every: int, bar=None,
-                  lead: bool = True) -> tuple[Hooks, LogMetrics]:
+                  lead: bool = True, metric: str = "stsb_dev_spearman") -> tuple[Hooks, LogMetrics]:
   """The trainer's hooks in their order (module doc), with the caller's before the checkpoint.
 
   Returns the hooks and the metrics hook (whose `last` is the run's last logged metrics).
@@ -324,7 +332,8 @@ def trainer_hooks(*, mngr, writer, save: Callable[..., None], evaluate: Callable
   hooks.add_hook(metrics, every=logged, at_end=True)
   if bar is not None:
     hooks.add_hook(lambda info: bar.update(1), every=1)
-  hooks.add_hook(PeriodicEval(evaluate, writer, skip_step=num_train_steps, on_score=on_score), every=eval_every)
+  hooks.add_hook(PeriodicEval(evaluate, writer, skip_step=num_train_steps, on_score=on_score, metric=metric),
+                 every=eval_every)
   for hook in caller:  # before the checkpoint: what they change at a step is saved with it
     hooks.add(hook)
   hooks.add_hook(Checkpoint(save, writer), every=checkpoint_every, at_end=True)

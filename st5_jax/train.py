@@ -37,7 +37,6 @@ from tqdm import tqdm
 
 from st5_jax import multihost, objectives, optim, partitioning, paths
 from st5_jax import hooks as hooks_lib
-from st5_jax import vocab as vocab_lib
 from st5_jax.checkpoints import native, storage
 from st5_jax.checkpoints.state import BestSaver, restore_latest_good, save_state
 from st5_jax.configs import ST5Config
@@ -75,8 +74,10 @@ class TrainConfig:
   checkpoint_every: int = 1000
   keep_checkpoints: int = 3
   log_every: int = 10
-  # STS-B dev Spearman every N steps (0: only before and after training; -1: never).
+  # The dev metrics every N steps (0: only before and after training; -1: never): STS-B dev Spearman, or a dev
+  # retrieval set's measure, e.g. "TREC-QA-dev/MRR@10" (st5_jax/evaluation/in_training.py).
   eval_every: int = 0
+  eval_metrics: tuple[str, ...] = ("stsb_dev_spearman",)
   # GradCache: split the batch into this many sub-batches for the backward pass (0/1: off);
   # for objectives whose loss is over per-example embeddings (st5_jax/objectives/grad_cache.py).
   grad_cache_chunks: int = 0
@@ -88,6 +89,7 @@ class TrainConfig:
     if self.early_stopping is not None and self.eval_every <= 0:
       raise ValueError(f"TrainConfig.early_stopping evaluates every TrainConfig.eval_every steps; set eval_every > 0 "
                        f"(it is {self.eval_every}).")
+    in_training.check_metrics(self.eval_metrics, selected=self.early_stopping and self.early_stopping.metric)
     objectives.check_is_objective(self.objective, "TrainConfig.objective")
 
   def to_dict(self) -> dict[str, Any]:
@@ -236,14 +238,14 @@ class TrainResult:
   interrupted_by: str | None
   summary: dict[str, Any]
 
-def make_sts_dev_eval(setup: Setup, model_config: ST5Config, *, data_dir: str | None, vocab_file: str,
-                      rules=partitioning.DEFAULT_RULES, batch_size: int = 128) -> Callable[[Any], float | None]:
-  """params -> STS-B dev Spearman x100 (None without data), on the run's mesh.
+def make_dev_eval(setup: Setup, model_config: ST5Config, *, data_dir: str | None, vocab_file: str,
+                  metrics: Sequence[str] = (in_training.STSB_DEV,), rules=partitioning.DEFAULT_RULES,
+                  batch_size: int = 128) -> Callable[[Any], dict[str, float] | None]:
+  """params -> {metric: value} of the dev metrics (None without data), on the run's mesh.
 
-  The objective's query-side inference tower encodes (STS compares sentences of one kind),
-  its parameters re-boxed as in the step. Build it once per run and call it at every
-  evaluation: its encoder is compiled once per length bucket on the first call and
-  reused (tests/test_train.py counts compiles).
+  The objective's query-side inference tower encodes, its parameters re-boxed as in the step.
+  Build it once per run and call it at every evaluation: its encoder is compiled once per
+  length bucket on the first call and reused (tests/test_train.py counts compiles).
   """
   if not data_dir:
     return lambda params: None
@@ -254,12 +256,9 @@ def make_sts_dev_eval(setup: Setup, model_config: ST5Config, *, data_dir: str | 
     with partitioning.with_rules(rules):
       return tower.module.apply({"params": rebox(boxed, params)}, tokens_BxL)
 
-  evaluator = in_training.StsDevEvaluator(
-      in_training.ShardedEncoder(encode, param_keys=tower.param_keys, max_length=model_config.max_length,
-                                 mesh=setup.mesh, param_shardings=setup.state_shardings.params,
-                                 tokenizer=vocab_lib.Tokenizer(vocab_file), batch_size=batch_size),
-      data_dir=data_dir)
-  return evaluator
+  return in_training.dev_evaluator(encode, param_keys=tower.param_keys, max_length=model_config.max_length,
+                                   mesh=setup.mesh, param_shardings=setup.state_shardings.params,
+                                   vocab_file=vocab_file, batch_size=batch_size, metrics=metrics, data_dir=data_dir)
 
 
 def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: TrainConfig,
@@ -305,7 +304,7 @@ class _Run:
   mngr: Any  # orbax CheckpointManager
   writer: MetricWriter
   stream: hooks_lib.Stream
-  sts_dev_eval: Callable[[Any], float | None]
+  dev_eval: Callable[[Any], dict[str, float] | None]
   progress: bool
   caller_hooks: hooks_lib.Hooks
   keeper: hooks_lib.BestKeeper | None = None  # early stopping
@@ -336,7 +335,8 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
     summary.update({"workdir": str(workdir), "num_train_steps": tc.num_train_steps,
                     "global_batch_size": tc.global_batch_size, "mesh": dict(mesh.shape), **(run_info or {})})
 
-    sts_dev_eval = make_sts_dev_eval(setup, model_config, data_dir=eval_data_dir, vocab_file=vocab_file, rules=rules)
+    dev_eval = make_dev_eval(setup, model_config, data_dir=eval_data_dir, vocab_file=vocab_file,
+                             metrics=tc.eval_metrics, rules=rules)
     if tc.early_stopping is not None and eval_data_dir is None:
       raise ValueError("TrainConfig.early_stopping needs the STS-B dev evaluation: set $ST5_DATA_DIR (or gin "
                        "st5_jax.data.options.data_dir).")
@@ -359,11 +359,11 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
           init_params = tc.objective.init_from(init_from, model_config, init_projection=init_projection, seed=tc.seed)
           summary["init_from"] = str(init_from)
         state = init_state(setup, model_config, seed=tc.seed, init_params=init_params)
-        before = sts_dev_eval(state.params)
-        summary["stsb_dev_spearman_before"] = before
+        before = dev_eval(state.params)
+        summary.update({f"{k}_before": v for k, v in (before or {}).items()})
         if before is not None:
-          writer.write(0, {"stsb_dev_spearman": before}, prefix="eval")
-          log.info("STS-B dev Spearman before training: %.2f", before)
+          writer.write(0, before, prefix="eval")
+          log.info("%s before training", hooks_lib.describe(before))
 
       start_step = int(jax.device_get(state.step))
       end = tc.num_train_steps if stop_after_steps is None else min(tc.num_train_steps, start_step + stop_after_steps)
@@ -371,7 +371,7 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
         log.info("Stopped early at step %d (best %s at step %s): nothing to resume.", keeper.stopped_at,
                  keeper.best, keeper.best_step)
         end = start_step
-      run = _Run(setup=setup, config=tc, mngr=mngr, writer=writer, stream=stream, sts_dev_eval=sts_dev_eval,
+      run = _Run(setup=setup, config=tc, mngr=mngr, writer=writer, stream=stream, dev_eval=dev_eval,
                  progress=progress, caller_hooks=caller_hooks, keeper=keeper)
       t_start = time.perf_counter()
       state, step, interrupted, last_metrics = _loop(run, state, start_step=start_step, end=end)
@@ -379,13 +379,13 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
       summary.update({"last_step": step, "train_seconds_this_run": round(time.perf_counter() - t_start, 1),
                       "final_metrics": last_metrics, "interrupted_by": interrupted})
       if step == tc.num_train_steps and interrupted is None and not (keeper and keeper.should_stop):
-        after = sts_dev_eval(state.params)
-        summary["stsb_dev_spearman_after"] = after
+        after = dev_eval(state.params)
+        summary.update({f"{k}_after": v for k, v in (after or {}).items()})
         if after is not None:
-          writer.write(step, {"stsb_dev_spearman": after}, prefix="eval")
-          log.info("STS-B dev Spearman after training: %.2f", after)
+          writer.write(step, after, prefix="eval")
+          log.info("%s after training", hooks_lib.describe(after))
           if keeper is not None:
-            keeper.update(step, after, state)
+            keeper.update(step, after[keeper.config.metric], state)
       if keeper is not None:
         summary["early_stopping"] = keeper.state_dict()
     mngr.wait_until_finished()
@@ -416,10 +416,11 @@ def _loop(run: _Run, state: TrainState, *, start_step: int, end: int
   if run.progress and multihost.is_lead():
     bar = tqdm(total=tc.num_train_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
   hooks, metrics_hook = hooks_lib.trainer_hooks(
-      mngr=run.mngr, writer=run.writer, save=save, evaluate=run.sts_dev_eval,
+      mngr=run.mngr, writer=run.writer, save=save, evaluate=run.dev_eval,
       on_score=run.keeper.update if run.keeper else None, caller=run.caller_hooks.hooks,
       global_batch_size=tc.global_batch_size, num_train_steps=tc.num_train_steps, log_every=tc.log_every,
-      checkpoint_every=tc.checkpoint_every, eval_every=tc.eval_every, bar=bar, lead=multihost.is_lead())
+      checkpoint_every=tc.checkpoint_every, eval_every=tc.eval_every, bar=bar, lead=multihost.is_lead(),
+      metric=tc.early_stopping.metric if tc.early_stopping else tc.eval_metrics[0])
 
   step, interrupted, step_fn = start_step, None, None
   with multihost.StopFlag() as stop:

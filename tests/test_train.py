@@ -262,7 +262,7 @@ def test_sts_dev_eval_compiles_its_encoder_once_across_calls(vocab_path, data_di
   tc = _tc(num_train_steps=4, eval_every=2)
   mesh = partitioning.make_mesh(partitioning.MeshConfig())
   setup = train.build(model, tc, mesh)
-  sts_dev_eval = train.make_sts_dev_eval(setup, model, data_dir=str(data_dir), vocab_file=vocab_path)
+  sts_dev_eval = train.make_dev_eval(setup, model, data_dir=str(data_dir), vocab_file=vocab_path)
   with jax.set_mesh(mesh):
     params = train.init_state(setup, model, seed=0).params
     first, compiles_first = _count_backend_compiles(lambda: sts_dev_eval(params))

@@ -1,8 +1,10 @@
 """`st5 eval --model PATH[,PATH...] --tasks sts,transfer,sentglue,geometry --output results.json`.
 
 Writes results.json, results.md (side-by-side table) and results_tasks.png /
-results_align_uniform.png. `--compare old.json` adds models from earlier results files
-to the table and plots without re-running them.
+results_align_uniform.png / results_retrieval.png. `--compare old.json` adds models from
+earlier results files to the table and plots without re-running them. `--tasks retrieval`
+(or a retrieval task's name, or `--beir FOLDER`) ranks each set's corpus for its queries;
+`--baseline bm25` adds BM25's row on the same sets.
 """
 
 from __future__ import annotations
@@ -20,12 +22,22 @@ DEFAULT_TASKS = "sts,transfer,sentglue,geometry"  # when neither --tasks nor --m
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-  p = sub.add_parser("eval", help="Evaluate encoders on STS, SentEval transfer, SentGLUE and geometry.")
+  p = sub.add_parser("eval", help="Evaluate encoders on STS, SentEval transfer, SentGLUE, geometry and retrieval.")
   p.add_argument("--model", default="", help="Model path(s), comma-separated: any format `st5 encode` loads.")
   p.add_argument("--name", default="", help="Display names for --model, comma-separated (default: folder names).")
   p.add_argument("--tasks", default=None,
-                 help="Comma-separated tasks or suites: sts, transfer, sentglue, geometry, all, dev, or task names "
-                 "(default: sts,transfer,sentglue,geometry; none when only --mteb is given).")
+                 help="Comma-separated tasks or suites: sts, transfer, sentglue, geometry, retrieval, all, dev, or "
+                 "task names (default: sts,transfer,sentglue,geometry; none when only --mteb or --beir is given).")
+  p.add_argument("--beir", action="append", default=[],
+                 help="A BEIR-format folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv), local or gs://, as a "
+                      "retrieval task; FOLDER:SPLIT picks another qrels split than test (repeatable).")
+  p.add_argument("--baseline", choices=["bm25"], action="append", default=[],
+                 help="Also score the retrieval tasks with this baseline (a row of its own; BM25: "
+                      "st5_jax/retrieval/bm25.py, k1 1.5, b 0.75).")
+  p.add_argument("--query_max_length", type=int, default=None,
+                 help="Token limit of retrieval queries (default: the model's max length).")
+  p.add_argument("--document_max_length", type=int, default=None,
+                 help="Token limit of retrieval documents (default: the model's max length).")
   p.add_argument("--mteb", default="",
                  help="Comma-separated MTEB task names (needs the `mteb` extra). STSBenchmark, SICK-R and "
                  "STS12-16 run offline from --data_dir; others are fetched by mteb (or read from the HF "
@@ -78,6 +90,19 @@ def load_sentence_encoder(path: str, args: argparse.Namespace):
   return SentenceEncoder.load(path, **_load_kwargs(args))
 
 
+def side_encoders(enc, args: argparse.Namespace) -> dict:
+  """`evaluate`'s encode_query / encode_document for --query_max_length / --document_max_length."""
+  out = {}
+  for side, limit in (("query", args.query_max_length), ("document", args.document_max_length)):
+    if limit is not None:
+      if not hasattr(enc, "with_max_length"):
+        raise SystemExit(f"--{side}_max_length: the max length of {enc.source} is fixed (a SavedModel); re-export "
+                         "it with `st5 export --max_length`")
+      sided = enc.with_max_length(limit)
+      out[f"encode_{side}"] = lambda texts, e=sided: e.encode(texts, batch_size=args.batch_size)
+  return out
+
+
 def load_encoder(path: str, args: argparse.Namespace):
   """`encode(list[str]) -> [N, D]` for a model path."""
   enc = load_sentence_encoder(path, args)
@@ -95,16 +120,18 @@ def _run_mteb(enc, path: str, args: argparse.Namespace, names: list[str], data_d
 def run(args: argparse.Namespace) -> int:
   # Not at the top: the harness imports scikit-learn, and `st5 --help` imports this module.
   from st5_jax.evaluation import evaluate, report, resolve_tasks  # pylint: disable=g-import-not-at-top
+  from st5_jax.evaluation.harness import evaluate_bm25  # pylint: disable=g-import-not-at-top
 
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
   model_paths = _split(args.model)
   compare = _split(args.compare)
-  if not model_paths and not compare:
-    raise SystemExit("give --model and/or --compare")
+  if not model_paths and not compare and not args.baseline:
+    raise SystemExit("give --model, --baseline and/or --compare")
   mteb_names = _split(args.mteb)
-  task_arg = args.tasks if args.tasks is not None else ("" if mteb_names else DEFAULT_TASKS)
+  task_arg = args.tasks if args.tasks is not None else ("" if mteb_names or args.beir else DEFAULT_TASKS)
+  task_arg = ",".join([task_arg, *(f"beir:{folder}" for folder in args.beir)]).strip(",")
   tasks = resolve_tasks(task_arg) if task_arg else []  # fails before any model loads on a typo.
-  data_dir = paths.data_dir(args.data_dir) if model_paths else None
+  data_dir = paths.data_dir(args.data_dir) if model_paths or args.baseline else None
   if mteb_names and model_paths:
     from st5_jax import mteb as st5_mteb  # pylint: disable=g-import-not-at-top  (the optional mteb extra)
     st5_mteb.get_tasks(mteb_names, data_dir=data_dir)  # unknown names fail before any model loads
@@ -113,11 +140,14 @@ def run(args: argparse.Namespace) -> int:
   for name, path in zip(_display_names(model_paths, _split(args.name)), model_paths):
     enc = load_sentence_encoder(path, args)  # once for both harnesses
     encode = lambda texts, enc=enc: enc.encode(texts, batch_size=args.batch_size)  # noqa: E731
-    result = evaluate(encode, tasks, data_dir, kfold=args.kfold) if tasks else {"tasks": {}, "meta": {}}
+    result = (evaluate(encode, tasks, data_dir, kfold=args.kfold, **side_encoders(enc, args)) if tasks
+              else {"tasks": {}, "meta": {}})
     if mteb_names:
       result["mteb"] = _run_mteb(enc, path, args, mteb_names, data_dir)
     result["source"] = path
     models[name] = result
+  for baseline in args.baseline:
+    models[baseline.upper()] = {**evaluate_bm25(tasks, data_dir), "source": baseline}
   for path in compare:
     for name, result in report.load_results(path).items():
       models[name if name not in models else f"{name} ({path})"] = result

@@ -15,13 +15,16 @@ import dataclasses
 import json
 import os
 import pathlib
-import re
 import xml.etree.ElementTree as ET
 from typing import Callable, Iterable, Iterator, Sequence
 
 from st5_jax import paths
 from st5_jax.data import rows as rows_lib
-from st5_jax.data.rows import BadRowError, InputFileError, RowFormat, RowReader, RowStats
+# Text rules shared with the retrieval evaluation sets (st5_jax/text.py); re-exported under their old names.
+from st5_jax.text import _ABBREVIATIONS, _BOUNDARY, clean_cqa_text, split_sentences  # noqa: F401
+from st5_jax.text import squash as _squash
+from st5_jax.data.rows import RowFormat, RowReader, RowStats
+from st5_jax.errors import BadRowError, InputFileError
 
 # Raw files, relative to the data folder.
 # ReQA pairs for training come from SQuAD v1.1 *train* only: GLUE QNLI dev (SentGLUE-QNLI)
@@ -29,19 +32,20 @@ from st5_jax.data.rows import BadRowError, InputFileError, RowFormat, RowReader,
 SQUAD_TRAIN_FILES = ("squad_v1.1/train-v1.1.json",)
 # SQuAD dev as reconstructed here: the builder's reference data in tests, never a training task.
 SQUAD_DEV_RECONSTRUCTED = ("squad_v1.1_dev/dev-v1.1.reconstructed.json",)
-CQA2015_FILES = ("semeval2015_task3_cqa/CQA-QL-devel.xml", "semeval2015_task3_cqa/CQA-QL-test.xml",
-                 "semeval2015_task3_cqa/CQA-QL-trial.xml")
+# Test splits are evaluation-only (the retrieval tasks of st5_jax/evaluation/sets.py read them): training
+# reads train / dev / trial splits only. SemEval-2016 subtasks A and C have no train split here.
+CQA2015_FILES = ("semeval2015_task3_cqa/CQA-QL-devel.xml", "semeval2015_task3_cqa/CQA-QL-trial.xml")
 CQA2016_DIR = "semeval2016_task3_cqa_cleaned"
-CQA2016_GOOD_FILES = tuple(f"{CQA2016_DIR}/Subtask_{t}_{s}-BASE.csv" for t in "AC" for s in ("VAL", "TEST"))
-CQA2016_MATCH_FILES = tuple(f"{CQA2016_DIR}/Subtask_B_{s}-BASE.csv" for s in ("TRAIN", "VAL", "TEST"))
-TRECQA_FILES = tuple(f"qa_pairs/trecqa_wang/{s}.csv" for s in ("train", "dev", "test"))
-WIKIQA_FILES = ("qa_pairs/wikiqa/WikiQA-train.tsv", "qa_pairs/wikiqa/WikiQA-test.tsv")
+CQA2016_GOOD_FILES = tuple(f"{CQA2016_DIR}/Subtask_{t}_VAL-BASE.csv" for t in "AC")
+CQA2016_MATCH_FILES = tuple(f"{CQA2016_DIR}/Subtask_B_{s}-BASE.csv" for s in ("TRAIN", "VAL"))
+TRECQA_FILES = tuple(f"qa_pairs/trecqa_wang/{s}.csv" for s in ("train", "dev"))
+WIKIQA_FILES = ("qa_pairs/wikiqa/WikiQA-train.tsv",)
 SNLI_TRIPLES_FILE = "nli/snli_devtest_triples_derived.csv"
 SNLI_SENTEVAL_DIR = "nli/snli_senteval_devtest"
 SIMCSE_NLI_FILE = "nli/nli_for_simcse.csv"
 
 # Bump when a builder's output changes, so `st5 data prepare` rebuilds prepared files.
-BUILDERS_VERSION = 2
+BUILDERS_VERSION = 3  # 3: test splits left out of training
 NLI_LABELS = ("entailment", "neutral", "contradiction")
 SIMCSE_COLUMNS = {"inputs": "sent0", "targets": "sent1", "negative_targets": "hard_neg"}
 
@@ -89,38 +93,6 @@ def _bad(stats: RowStats, strict: bool, where: str, reason: str, kind: str | Non
   if strict:
     raise BadRowError(f"{where}: {reason} (strict mode)")
   stats.skip(where, reason, kind=kind)
-
-
-# ----------------------------------------------------------------------------
-# Sentence splitting for ReQA-style SQuAD pairs.
-
-_ABBREVIATIONS = frozenset("""
-mr mrs ms dr prof sr jr st mt ft vs etc e.g i.e cf al inc ltd co corp no nos fig figs vol
-jan feb mar apr jun jul aug sep sept oct nov dec gen gov sen rep col lt sgt capt cmdr adm rev
-hon pres approx ca est dept univ assn bros op pp ed eds u.s u.k u.n a.m p.m b.c a.d d.c
-""".split())
-# Sentence end, closing quotes/brackets, Wikipedia citation marks ("[3]", ":245"), then a capital.
-_BOUNDARY = re.compile(r"""[.!?]+['"\u2019\u201d)\]]*(?:\[\d+\])*(?::\d+(?:[-\u2013]\d+)?)?"""
-                       r"""(?=\s+['"\u2018\u201c(\[]?[A-Z0-9])""")
-
-
-def split_sentences(text: str) -> list[tuple[int, int]]:
-  """Character spans of the sentences of `text` (rule-based, abbreviation aware)."""
-  spans = []
-  start = 0
-  for m in _BOUNDARY.finditer(text):
-    end = m.end()
-    token = text[start:m.start() + 1].split()[-1] if text[start:m.start() + 1].split() else ""
-    word = token.lower().rstrip(".!?").lstrip("'\"(\u201c[")
-    if text[m.start()] == "." and (word in _ABBREVIATIONS or len(word) == 1 or "." in word):
-      continue  # "Dr. Who", "J. K. Rowling", "U.S. Army": not a boundary
-    spans.append((start, end))
-    start = end
-    while start < len(text) and text[start].isspace():
-      start += 1
-  if start < len(text) and text[start:].strip():
-    spans.append((start, len(text.rstrip())))
-  return spans
 
 
 def build_reqa_squad(data_dir, *, stats: RowStats, strict: bool = False,
@@ -203,25 +175,6 @@ _CQA2016_LABELS = {
     "C": ("Good", "PotentiallyUseful", "Bad"),
     "B": ("PerfectMatch", "Relevant", "Irrelevant"),
 }
-
-
-def _squash(text: str | None) -> str:
-  return " ".join((text or "").split())
-
-
-def clean_cqa_text(text: str) -> str:
-  """Undoes the quoting artefacts of the cleaned 2016 CSVs ('""text"""', a stray leading '"')."""
-  text = _squash(text)
-  while '""' in text:
-    text = text.replace('""', '"')
-  if text.count('"') == 2 and text.startswith('"') and text.endswith('"'):
-    text = text[1:-1].strip()
-  elif text.count('"') % 2 == 1:
-    if text.endswith('"'):
-      text = text[:-1].strip()
-    elif text.startswith('"'):
-      text = text[1:].strip()
-  return text
 
 
 def _question_text(subject: str, body: str) -> str:

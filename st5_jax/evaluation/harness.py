@@ -16,7 +16,7 @@ import numpy as np
 import sklearn
 
 from st5_jax import paths
-from st5_jax.evaluation import geometry, sentglue, sets, sts, transfer
+from st5_jax.evaluation import geometry, retrieval, sentglue, sets, sts, transfer
 from st5_jax.evaluation.cache import EmbeddingCache, Encode
 from st5_jax.evaluation.sets import SUITES, resolve_tasks  # also harness.SUITES, harness.resolve_tasks for callers
 
@@ -49,6 +49,8 @@ SCORERS: dict[str, Callable] = {
     "AlignUniform": geometry.align_uniform_task,
     "STSBenchmarkDev": _sts(per_subset=False),
 }
+# Sets of a kind share one scorer (every retrieval set, BEIR folders included).
+KIND_SCORERS: dict[str, Callable] = {"retrieval": retrieval.retrieval_task}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +58,9 @@ class TaskSpec:
   name: str
   suite: str
   read: Callable  # sets.EvalSet.read: data folder -> (every text the task encodes, the parsed data)
-  score: Callable  # SCORERS[name]
+  score: Callable  # SCORERS[name], or KIND_SCORERS[kind]
   files: str  # what the number is computed from, relative to the data folder.
+  kind: str = "encode"  # "retrieval": encodes by side when it runs, nothing up front
 
   def build(self, root, *, kfold: int = 10):
     """(every text the task encodes, run(embed) -> result dict)."""
@@ -65,14 +68,46 @@ class TaskSpec:
     return texts, self.score(data, kfold=kfold)
 
 
+def _spec(s: sets.EvalSet) -> TaskSpec:
+  return TaskSpec(s.name, s.suite, s.read, KIND_SCORERS[s.kind] if s.kind in KIND_SCORERS else SCORERS[s.name],
+                  s.files, s.kind)
+
+
 def _tasks() -> dict[str, TaskSpec]:
-  if set(SCORERS) != set(sets.SETS):
-    raise RuntimeError(f"evaluation sets without a scorer: {sorted(set(sets.SETS) - set(SCORERS))}; "
-                       f"scorers without a set: {sorted(set(SCORERS) - set(sets.SETS))}")
-  return {name: TaskSpec(name, s.suite, s.read, SCORERS[name], s.files) for name, s in sets.SETS.items()}
+  named = {n for n, s in sets.SETS.items() if s.kind not in KIND_SCORERS}
+  if set(SCORERS) != named:
+    raise RuntimeError(f"evaluation sets without a scorer: {sorted(named - set(SCORERS))}; "
+                       f"scorers without a set: {sorted(set(SCORERS) - named)}")
+  return {name: _spec(s) for name, s in sets.SETS.items()}
 
 
 TASKS = _tasks()
+
+
+def task(name: str) -> TaskSpec:
+  """A registered task, or a BEIR folder's (`beir:FOLDER[:split]`)."""
+  return TASKS[name] if name in TASKS else _spec(sets.get_set(name))
+
+
+class Sides:
+  """What a task's `run` gets: callable as the shared encoder; `.query` / `.document` for retrieval sets.
+
+  A side given no encoder of its own is the shared one (the same cache: nothing encoded twice).
+  """
+
+  def __init__(self, shared: EmbeddingCache, query: EmbeddingCache | None = None,
+               document: EmbeddingCache | None = None):
+    # `is None`, not `or`: an EmbeddingCache with nothing encoded yet has length 0, so it is falsy.
+    self.shared = shared
+    self.query = shared if query is None else query
+    self.document = shared if document is None else document
+
+  def __call__(self, texts):
+    return self.shared(texts)
+
+  @property
+  def encode_seconds(self) -> float:
+    return sum(c.encode_seconds for c in {id(c): c for c in (self.shared, self.query, self.document)}.values())
 
 
 def summarise(results: dict[str, dict]) -> dict:
@@ -93,46 +128,74 @@ def summarise(results: dict[str, dict]) -> dict:
 
 
 def evaluate(encode: Encode, tasks: str | Sequence[str] = "all", data_dir=None, *, kfold: int = 10,
-             cache: EmbeddingCache | None = None, chunk_size: int = 4096) -> dict:
-  """Runs tasks and suites (sts, transfer, sentglue, geometry, all) for one encoder.
+             cache: EmbeddingCache | None = None, chunk_size: int = 4096, encode_query: Encode | None = None,
+             encode_document: Encode | None = None) -> dict:
+  """Runs tasks and suites (sts, transfer, sentglue, geometry, retrieval, all) for one encoder.
 
   Args:
     encode: list of strings -> np.ndarray [N, D]; any encoder.
-    tasks: names of tasks or suites (see `TASKS`, `SUITES`).
+    tasks: names of tasks or suites (see `TASKS`, `SUITES`), or `beir:FOLDER[:split]`.
     data_dir: the data folder `st5 data prepare --out DIR` writes (default $ST5_DATA_DIR; docs/data.md).
     kfold: folds of SentEval's cross-validations (SentEval's standard setting is 10).
     cache: an EmbeddingCache to reuse across calls; by default a new one over `encode`.
     chunk_size: texts per `encode` call.
+    encode_query, encode_document: the retrieval sets' query and document encoders (e.g. other max
+      lengths); default `encode`.
 
   Returns:
     {"tasks": {name: {"main", "metric", ...}}, "summary": {suite: ...}, "meta": {...}}.
-    Every distinct text of all tasks is encoded once, before any task runs.
+    Every distinct text of all tasks but the retrieval sets is encoded once, before any task runs;
+    a retrieval set encodes its queries and corpus by side when it runs (each side cached).
   """
   start = time.perf_counter()
   root = paths.data_dir(data_dir)
   names = resolve_tasks(tasks)
   if cache is None:
     cache = EmbeddingCache(encode, chunk_size=chunk_size)
+  sides = Sides(cache, *(EmbeddingCache(e, chunk_size=chunk_size) if e is not None else None
+                         for e in (encode_query, encode_document)))
+  specs = {name: task(name) for name in names}
   built, load_seconds = {}, {}
   for name in names:
     t0 = time.perf_counter()
-    built[name] = TASKS[name].build(root, kfold=kfold)
+    built[name] = specs[name].build(root, kfold=kfold)
     load_seconds[name] = time.perf_counter() - t0
-  texts = [t for texts, _ in built.values() for t in texts]
+  texts = [t for name, (texts, _) in built.items() if specs[name].kind == "encode" for t in texts]
   n_new = cache.add(texts)
   log.info("encoded %d distinct texts in %.1fs", n_new, cache.encode_seconds)
   results = {}
   for name, (_, run) in built.items():
     t0 = time.perf_counter()
-    result = run(cache)
-    result.update(suite=TASKS[name].suite, files=TASKS[name].files,
+    result = run(sides)
+    result.update(suite=specs[name].suite, files=specs[name].files,
                   seconds=time.perf_counter() - t0 + load_seconds[name])
     results[name] = result
     main = result.get("main")
     log.info("%s: %s in %.1fs", name, "-" if main is None else f"{main:.2f}", result["seconds"])
   meta = {
       "data_dir": str(root), "kfold": kfold, "tasks": names, "n_texts": len(set(texts)), "dim": cache.dim,
-      "encode_seconds": cache.encode_seconds, "total_seconds": time.perf_counter() - start,
+      "encode_seconds": sides.encode_seconds, "total_seconds": time.perf_counter() - start,
       "numpy": np.__version__, "sklearn": sklearn.__version__, "python": platform.python_version(),
   }
+  return {"tasks": results, "summary": summarise(results), "meta": meta}
+
+
+def evaluate_bm25(tasks: str | Sequence[str], data_dir=None, **bm25_kwargs) -> dict:
+  """The retrieval sets among `tasks` scored by BM25 (the baseline row); other tasks are left out.
+
+  bm25_kwargs: st5_jax.retrieval.bm25.BM25's settings (k1, b). Same output layout as `evaluate`.
+  """
+  start = time.perf_counter()
+  root = paths.data_dir(data_dir)
+  names = [n for n in resolve_tasks(tasks) if task(n).kind == "retrieval"]
+  results = {}
+  for name in names:
+    spec = task(name)
+    t0 = time.perf_counter()
+    _, data = spec.read(root)
+    results[name] = {**retrieval.bm25_task(data, **bm25_kwargs), "suite": spec.suite, "files": spec.files,
+                     "seconds": time.perf_counter() - t0}
+    log.info("%s (BM25): %.3f in %.1fs", name, results[name]["main"], results[name]["seconds"])
+  meta = {"data_dir": str(root), "tasks": names, "baseline": "bm25", "bm25": dict(bm25_kwargs),
+          "total_seconds": time.perf_counter() - start, "python": platform.python_version()}
   return {"tasks": results, "summary": summarise(results), "meta": meta}

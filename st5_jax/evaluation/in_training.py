@@ -4,6 +4,11 @@ The training parameters stay where they are (sharded over the mesh, possibly ove
 several processes); every process calls the encoder with the same texts and gets the
 same embeddings back. Batches have one fixed shape per length bucket, so the encoder
 is compiled once per bucket for the whole run, not at every evaluation.
+
+What is evaluated (`TrainConfig.eval_metrics`, `EarlyStopping.metric` selects among them):
+`stsb_dev_spearman` (STS-B dev Spearman x100) or `TASK/MEASURE` of a dev-suite retrieval
+set (`TREC-QA-dev/MRR@10`, `SemEval2016-B-dev/nDCG@10`; st5_jax/evaluation/sets.py):
+selection never sees a test split.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from jax.sharding import Mesh
 from st5_jax import multihost, partitioning
 from st5_jax import vocab as vocab_lib
 from st5_jax.inference import length_bucket
+from st5_jax.evaluation import retrieval, sets
 from st5_jax.evaluation.sts import sts_dev_spearman
 
 log = logging.getLogger(__name__)
@@ -71,12 +77,62 @@ class ShardedEncoder:
     return out_NxD if out_NxD is not None else np.zeros((0, 0), np.float32)
 
 
-class StsDevEvaluator:
-  """STS-B dev Spearman x100 of the training parameters (every process gets the same value)."""
+STSB_DEV = "stsb_dev_spearman"
 
-  def __init__(self, encoder: ShardedEncoder, *, data_dir):
-    self.encoder = encoder
-    self.data_dir = data_dir
 
-  def __call__(self, params: Any) -> float:
-    return float(sts_dev_spearman(lambda texts: self.encoder(params, texts), data_dir=self.data_dir))
+def check_metric(metric: str) -> None:
+  """Refuses a metric the in-training evaluation cannot compute, or one on a set outside the dev suite."""
+  if metric == STSB_DEV:
+    return
+  task, _, measure = metric.partition("/")
+  dev_retrieval = [n for n, s in sets.SETS.items() if s.suite == "dev" and s.kind == "retrieval"]
+  if task not in dev_retrieval or not measure:
+    raise ValueError(f"in-training metric {metric!r}: write {STSB_DEV!r} or TASK/MEASURE with TASK a dev retrieval "
+                     f"set {dev_retrieval} (test splits are evaluation-only) and MEASURE e.g. MRR@10")
+  from st5_jax.retrieval import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  metrics_lib.parse_metric(measure)  # an unknown measure fails here, before training
+
+
+def check_metrics(metrics: Sequence[str], *, selected: str | None = None) -> None:
+  """`TrainConfig.eval_metrics`, and the one early stopping selects on (which must be among them)."""
+  for metric in metrics:
+    check_metric(metric)
+  if selected and selected not in metrics:
+    raise ValueError(f"EarlyStopping.metric {selected!r} is not evaluated: add it to TrainConfig.eval_metrics "
+                     f"{list(metrics)}")
+
+
+class DevEvaluator:
+  """{metric: value} of the training parameters for each of `metrics` (every process gets the same values)."""
+
+  def __init__(self, encoder: ShardedEncoder, *, metrics: Sequence[str], data_dir):
+    for metric in metrics:
+      check_metric(metric)
+    self.encoder, self.metrics, self.data_dir = encoder, tuple(metrics), data_dir
+    self._data = {}  # retrieval task -> RetrievalData, read once per run
+
+  def __call__(self, params: Any) -> dict[str, float]:
+    encode = lambda texts: self.encoder(params, texts)  # noqa: E731
+    out, by_task = {}, {}
+    for metric in self.metrics:
+      if metric == STSB_DEV:
+        out[metric] = float(sts_dev_spearman(encode, data_dir=self.data_dir))
+        continue
+      task, _, measure = metric.partition("/")
+      if task not in by_task:
+        if task not in self._data:
+          self._data[task] = sets.SETS[task].read(self.data_dir)[1]
+        by_task[task] = retrieval.retrieval_task(self._data[task])(encode)
+      out[metric] = float(by_task[task][measure])
+    return out
+
+
+def dev_evaluator(encode: Callable[[Any, jax.Array], jax.Array], *, param_keys: Sequence[str], max_length: int,
+                  mesh: Mesh, param_shardings: Any, vocab_file: str, batch_size: int, metrics: Sequence[str],
+                  data_dir) -> DevEvaluator:
+  """The trainer's evaluator: `encode(params, tokens_BxL)` (its tower in inference mode) on the run's mesh."""
+  encoder = ShardedEncoder(encode, param_keys=param_keys, max_length=max_length, mesh=mesh,
+                           param_shardings=param_shardings, tokenizer=vocab_lib.Tokenizer(vocab_file),
+                           batch_size=batch_size)
+  evaluator = DevEvaluator(encoder, metrics=metrics, data_dir=data_dir)
+  return evaluator

@@ -60,8 +60,37 @@ def _fmt(v, digits: int = 2) -> str:
 
 
 def _task_names(models: Mapping[str, dict]) -> list[str]:
-  present = {t for r in models.values() for t in r.get("tasks", {})}
-  return [t for t in TASKS if t in present]
+  """Registered tasks in registry order, then any others (BEIR folders) in the order they ran."""
+  present = list(dict.fromkeys(t for r in models.values() for t in r.get("tasks", {})))
+  return [t for t in TASKS if t in present] + [t for t in present if t not in TASKS]
+
+
+def _suite(models: Mapping[str, dict], task: str) -> str:
+  if task in TASKS:
+    return TASKS[task].suite
+  return next((r["tasks"][task].get("suite") for r in models.values() if task in r.get("tasks", {})), "")
+
+
+# The retrieval table's measures (fractions in [0, 1]; every measure is in results.json).
+RETRIEVAL_COLUMNS = ("MRR@10", "nDCG@10", "Recall@100", "Accuracy@20")
+
+
+def _retrieval_lines(models: Mapping[str, dict], tasks: list[str]) -> list[str]:
+  rows = [t for t in tasks if "MRR@10" in next((r["tasks"][t] for r in models.values() if t in r.get("tasks", {})),
+                                                {})]
+  if not rows:
+    return []
+  lines = ["", "## Retrieval (exact search over each task's corpus; fractions in [0, 1])", "",
+           "| Task | Model | queries | documents | " + " | ".join(RETRIEVAL_COLUMNS) + " |",
+           "|---|---|---:|---:|" + "---:|" * len(RETRIEVAL_COLUMNS)]
+  for t in rows:
+    for name, r in models.items():
+      res = r.get("tasks", {}).get(t)
+      if res is None:
+        continue
+      lines.append(f"| {t} | {name} | {res.get('n_queries', '-')} | {res.get('n_documents', '-')} | "
+                   + " | ".join(_fmt(res.get(c), 3) for c in RETRIEVAL_COLUMNS) + " |")
+  return lines
 
 
 def markdown(models: Mapping[str, dict], *, title: str = "Evaluation results") -> str:
@@ -71,7 +100,8 @@ def markdown(models: Mapping[str, dict], *, title: str = "Evaluation results") -
   head = "| Task | Metric | " + " | ".join(names) + " |\n|---|---|" + "---:|" * len(names) + "\n"
   lines = [f"# {title}\n", "Headline numbers (x100). Files and settings: docs/evaluation.md.\n", head.rstrip("\n")]
   for suite in ("sts", "transfer", "sentglue", "dev"):
-    suite_tasks = [t for t in tasks if TASKS[t].suite == suite]
+    suite_tasks = [t for t in tasks if _suite(models, t) == suite and "MRR@10" not in
+                   next((r["tasks"][t] for r in models.values() if t in r.get("tasks", {})), {})]
     for t in suite_tasks:
       metric = next((r["tasks"][t].get("metric") for r in models.values() if t in r.get("tasks", {})), None)
       vals = [_fmt(r.get("tasks", {}).get(t, {}).get("main")) for r in models.values()]
@@ -87,7 +117,9 @@ def markdown(models: Mapping[str, dict], *, title: str = "Evaluation results") -
       vals = [_fmt(r.get("tasks", {}).get("AlignUniform", {}).get(key), 3) for r in models.values()]
       lines.append(f"| {key} (STS-B {_split(models)}) | lower is better | " + " | ".join(vals) + " |")
 
-  sts_tasks = [t for t in tasks if TASKS[t].suite == "sts"]
+  lines += _retrieval_lines(models, tasks)
+
+  sts_tasks = [t for t in tasks if _suite(models, t) == "sts"]
   if sts_tasks:
     lines += ["", "## STS: all pairs vs SentEval's mean over subsets (Spearman x100)", "",
               "| Task | " + " | ".join(f"{n} all | {n} mean" for n in names) + " |",
@@ -147,7 +179,7 @@ def plot_tasks(models: Mapping[str, dict], path: str | os.PathLike) -> bool:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  tasks = [t for t in _task_names(models) if TASKS[t].suite in ("sts", "transfer", "sentglue")]
+  tasks = [t for t in _task_names(models) if _suite(models, t) in ("sts", "transfer", "sentglue")]
   suites = [s for s in ("sts", "transfer", "sentglue") if any(TASKS[t].suite == s for t in tasks)]
   if not suites:
     return False
@@ -180,6 +212,39 @@ def plot_tasks(models: Mapping[str, dict], path: str | os.PathLike) -> bool:
     ax.grid(axis="x", alpha=0.3)
   axes[0, 0].legend(loc="lower right", fontsize=8)
   axes[-1, 0].set_xlabel("score x100 (see table for each metric)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return True
+
+
+def plot_retrieval(models: Mapping[str, dict], path: str | os.PathLike) -> bool:
+  """Grouped bars per retrieval task: MRR@10, nDCG@10 and Recall@100 of each model (BM25 included)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top  (see plot_tasks)
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  tasks = [t for t in _task_names(models)
+           if "MRR@10" in next((r["tasks"][t] for r in models.values() if t in r.get("tasks", {})), {})]
+  if not tasks:
+    return False
+  measures = ("MRR@10", "nDCG@10", "Recall@100")
+  names = list(models)
+  fig, axes = plt.subplots(1, len(measures), figsize=(4 * len(measures), 0.5 * len(tasks) * len(names) + 1.5),
+                           sharey=True, squeeze=False)
+  bar = 0.8 / len(names)
+  for ax, measure in zip(axes[0], measures):
+    for m, name in enumerate(names):
+      vals = [models[name].get("tasks", {}).get(t, {}).get(measure) for t in tasks]
+      y = np.arange(len(tasks)) + (m - (len(names) - 1) / 2) * bar
+      ax.barh(y, [np.nan if v is None else v for v in vals], height=bar, color=plt.get_cmap("tab10")(m % 10),
+              label=name)
+    ax.set_yticks(np.arange(len(tasks)), [t if len(t) < 30 else "..." + t[-27:] for t in tasks], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_title(measure, fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+  axes[0, 0].legend(loc="lower right", fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
@@ -276,5 +341,8 @@ def write_all(models: Mapping[str, dict], output: str | os.PathLike, *, extra: d
   au_png = out.with_name(out.stem + "_align_uniform.png")
   if plot_align_uniform(models, au_png):
     written["align_uniform_png"] = str(au_png)
+  retrieval_png = out.with_name(out.stem + "_retrieval.png")
+  if plot_retrieval(models, retrieval_png):
+    written["retrieval_png"] = str(retrieval_png)
   return written
 

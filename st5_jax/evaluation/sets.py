@@ -7,6 +7,11 @@ training parts included) in the order it encodes them, and `data` is what its sc
 (st5_jax.data.overlap) indexes the texts of every row, so a new evaluation set joins the
 training data's decontamination by adding its row here (and its scorer to the harness).
 
+Retrieval sets (`kind="retrieval"`, st5_jax/evaluation/retrieval_readers.py, BEIR folders by
+`beir:FOLDER[:split]`) encode queries and documents each with their side's encoder, so their
+`texts` are what decontamination must exclude -- the queries and the relevant documents, not
+the whole corpus -- and the harness does not encode them up front.
+
 Light on purpose (NumPy and the readers; no scikit-learn, TensorFlow or JAX): the data
 pipeline and the objectives' tasks import it, and it imports neither of them.
 """
@@ -20,7 +25,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from st5_jax import paths
-from st5_jax.evaluation import readers
+from st5_jax.evaluation import readers, retrieval_readers
 
 # data folder -> (every text the evaluation encodes, in order; the parsed data its scoring takes)
 Read = Callable[[Any], tuple[list[str], Any]]
@@ -32,6 +37,7 @@ class EvalSet:
   suite: str
   read: Read
   files: str  # what the number is computed from, relative to the data folder.
+  kind: str = "encode"  # "retrieval": queries and documents encoded by side (module doc)
 
 
 def senteval_sorted(data: readers.Labeled | readers.LabeledPairs) -> readers.Labeled | readers.LabeledPairs:
@@ -90,6 +96,17 @@ def _glue(task: str, splits: Sequence[str]) -> Read:
   return _parts(functools.partial(readers.read_glue, task=task), splits)
 
 
+def _retrieval(read_data: Callable) -> Read:
+  """A retrieval set: (its queries and relevant documents, RetrievalData)."""
+  def read(root):
+    data = read_data(root)
+    if isinstance(data, tuple):  # (RetrievalData, what reading found)
+      data = data[0]
+    relevant = dict.fromkeys(d for docs in data.qrels.values() for d, grade in docs.items() if grade > 0)
+    return list(data.queries.values()) + [data.corpus[d] for d in relevant], data
+  return read
+
+
 _STS_FILES = "sts12-16/original/STS{yy}-en-test/{prefix}.input|gs.<subset>.txt"
 SETS: dict[str, EvalSet] = {s.name: s for s in [
     EvalSet("STS12", "sts", _sts(2012), _STS_FILES.format(yy=12, prefix="STS")),
@@ -125,14 +142,55 @@ SETS: dict[str, EvalSet] = {s.name: s for s in [
             "glue/QNLI/dev.tsv (two halves)"),
     EvalSet("AlignUniform", "geometry", _distinct_sentences(functools.partial(readers.read_stsb, split="test")),
             "stsb/original/sts-test.csv"),
+    EvalSet("ReQA-SQuAD", "retrieval", _retrieval(retrieval_readers.read_squad),
+            f"{retrieval_readers.SQUAD_OFFICIAL_DEV}, else {retrieval_readers.SQUAD_RECONSTRUCTED_DEV}", "retrieval"),
+    EvalSet("SQuAD-paragraphs", "retrieval",
+            _retrieval(functools.partial(retrieval_readers.read_squad, level="paragraph")),
+            f"{retrieval_readers.SQUAD_OFFICIAL_DEV}, else {retrieval_readers.SQUAD_RECONSTRUCTED_DEV}", "retrieval"),
+    EvalSet("SemEval2016-B", "retrieval", _retrieval(retrieval_readers.read_semeval_b),
+            retrieval_readers.SEMEVAL_B.format(split="TEST"), "retrieval"),
+    EvalSet("WikiQA", "retrieval", _retrieval(retrieval_readers.read_wikiqa),
+            retrieval_readers.WIKIQA.format(split="test"), "retrieval"),
+    EvalSet("TREC-QA", "retrieval", _retrieval(retrieval_readers.read_trecqa),
+            retrieval_readers.TRECQA.format(split="test"), "retrieval"),
     EvalSet("STSBenchmarkDev", "dev", _one(functools.partial(readers.read_stsb, split="dev")),
             "stsb/original/sts-dev.csv"),
+    EvalSet("TREC-QA-dev", "dev", _retrieval(functools.partial(retrieval_readers.read_trecqa, split="dev")),
+            retrieval_readers.TRECQA.format(split="dev"), "retrieval"),
+    EvalSet("SemEval2016-B-dev", "dev", _retrieval(functools.partial(retrieval_readers.read_semeval_b, split="VAL")),
+            retrieval_readers.SEMEVAL_B.format(split="VAL"), "retrieval"),
 ]}
 SUITES = {suite: [s.name for s in SETS.values() if s.suite == suite]
           for suite in dict.fromkeys(s.suite for s in SETS.values())}
 SUITES["all"] = [s.name for s in SETS.values() if s.suite != "dev"]
 ALIASES = {"sts-b": "STSBenchmark", "stsb": "STSBenchmark", "sick-r": "SICKRelatedness", "sickr": "SICKRelatedness",
-           "sst-2": "SST2", "geometry": "AlignUniform"}
+           "sst-2": "SST2", "geometry": "AlignUniform", "reqa": "ReQA-SQuAD", "trecqa": "TREC-QA",
+           "semeval2016b": "SemEval2016-B"}
+BEIR_PREFIX = "beir:"
+
+
+def beir_set(spec: str) -> EvalSet:
+  """The evaluation set of a BEIR folder, named `beir:FOLDER[:split]` (split default test; local or gs://)."""
+  from st5_jax.retrieval import beir  # pylint: disable=g-import-not-at-top  (read only when a BEIR set is named)
+
+  folder, split = spec[len(BEIR_PREFIX):], "test"
+  head, _, tail = folder.rpartition(":")
+  if head and tail and "/" not in tail:  # FOLDER:split (a gs:// scheme's colon is followed by "//")
+    folder, split = head, tail
+
+  def read(root):
+    del root  # a BEIR folder is its own data
+    return beir.load_beir(folder, split)
+
+  return EvalSet(f"{BEIR_PREFIX}{folder}" + (f":{split}" if split != "test" else ""), "retrieval", _retrieval(read),
+                 f"{folder} (corpus.jsonl, queries.jsonl, qrels/{split}.tsv)", "retrieval")
+
+
+def get_set(name: str) -> EvalSet:
+  """A registered evaluation set, or the set of a BEIR folder (`beir:FOLDER[:split]`)."""
+  if name.startswith(BEIR_PREFIX):
+    return beir_set(name)
+  return SETS[name]
 
 
 def resolve_tasks(tasks: str | Sequence[str]) -> list[str]:
@@ -145,7 +203,9 @@ def resolve_tasks(tasks: str | Sequence[str]) -> list[str]:
     if not item:
       continue
     key = item.lower()
-    if key in SUITES:
+    if key.startswith(BEIR_PREFIX):
+      out.append(beir_set(item).name)
+    elif key in SUITES:
       out += SUITES[key]
     elif key in lower:
       out.append(lower[key])
@@ -158,4 +218,4 @@ def resolve_tasks(tasks: str | Sequence[str]) -> list[str]:
 
 def texts(name: str, data_dir=None) -> list[str]:
   """Every text evaluation set `name` encodes, in order (data_dir: default $ST5_DATA_DIR)."""
-  return SETS[name].read(paths.data_dir(data_dir))[0]
+  return get_set(name).read(paths.data_dir(data_dir))[0]

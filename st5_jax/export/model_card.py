@@ -62,17 +62,33 @@ def _gin_values(text: str, key: str) -> list[str]:
   return out
 
 
-def _eval_rows(path: str) -> list[tuple[str, str, str, float]]:
-  """(model, task, metric, main value) rows of an `st5 eval` results file."""
+RETRIEVAL_MEASURES = ("MRR@10", "nDCG@10", "Recall@100")
+
+
+def _results_models(path: str) -> dict[str, Any]:
   payload = _read_json(path)
   if payload is None:
     raise FileNotFoundError(f"evaluation results {path} are missing or not JSON")
-  models = payload.get("models") if "models" in payload else {pathlib.Path(path).stem: payload}
+  return (payload.get("models") if "models" in payload else {pathlib.Path(path).stem: payload}) or {}
+
+
+def _eval_rows(path: str) -> list[tuple[str, str, str, float]]:
+  """(model, task, metric, main value) rows of an `st5 eval` results file (retrieval tasks: `_retrieval_rows`)."""
   rows = []
-  for name, result in (models or {}).items():
+  for name, result in _results_models(path).items():
     for task, res in (result.get("tasks") or {}).items():
-      if isinstance(res, dict) and isinstance(res.get("main"), (int, float)):
+      if isinstance(res, dict) and isinstance(res.get("main"), (int, float)) and "MRR@10" not in res:
         rows.append((name, task, str(res.get("metric") or ""), float(res["main"])))
+  return rows
+
+
+def _retrieval_rows(path: str) -> list[tuple[str, str, int, tuple[float, ...]]]:
+  """(model, task, queries, RETRIEVAL_MEASURES) rows of the retrieval tasks of an `st5 eval` results file."""
+  rows = []
+  for name, result in _results_models(path).items():
+    for task, res in (result.get("tasks") or {}).items():
+      if isinstance(res, dict) and all(isinstance(res.get(m), (int, float)) for m in RETRIEVAL_MEASURES):
+        rows.append((name, task, int(res.get("n_queries") or 0), tuple(float(res[m]) for m in RETRIEVAL_MEASURES)))
   return rows
 
 
@@ -113,6 +129,7 @@ class CardInfo:
   train_config: dict[str, Any] | None = None
   train_results: dict[str, Any] | None = None
   eval_rows: list[tuple[str, str, str, float]] = dataclasses.field(default_factory=list)
+  retrieval_rows: list[tuple[str, str, int, tuple[float, ...]]] = dataclasses.field(default_factory=list)
   mteb_rows: list[tuple[str, str, str, str, float]] = dataclasses.field(default_factory=list)
   num_params: int | None = None
   # Set when the export pools differently from training (a removed layer-attention head).
@@ -139,15 +156,17 @@ def collect(*, config: ST5Config, source: str, source_format: str, step: int | N
   elif source_format in ("hf", "t5x", "sentence_transformers", "savedmodel"):
     info.base_checkpoint = str(source)
   # Evaluations recorded by a training run (STS-B dev) come first, then `st5 eval` files.
-  for key, label in (("stsb_dev_spearman_before", "STS-B dev, before training"),
-                     ("stsb_dev_spearman_after", "STS-B dev, after training")):
-    value = (info.train_results or {}).get(key)
-    if isinstance(value, (int, float)):
-      info.eval_rows.append(("training run", label, "spearman", float(value)))
+  for key, value in (info.train_results or {}).items():  # the dev metrics before and after training
+    metric, _, when = key.rpartition("_")
+    if when in ("before", "after") and metric and isinstance(value, (int, float)) and not isinstance(value, bool):
+      label = "STS-B dev" if metric == "stsb_dev_spearman" else metric.split("/")[0]
+      measure = "spearman" if metric == "stsb_dev_spearman" else metric.split("/")[-1]
+      info.eval_rows.append(("training run", f"{label}, {when} training", measure, float(value)))
   for path in eval_results:
     payload = _read_json(path) or {}
     if not ("task_name" in payload and "scores" in payload):  # not one of mteb's own result files
       info.eval_rows += _eval_rows(path)
+      info.retrieval_rows += _retrieval_rows(path)
     info.mteb_rows += _mteb_rows(path)
   return info
 
@@ -275,6 +294,14 @@ def render(info: CardInfo, *, export_format: str, name: str = ".") -> str:
     lines.append("See the MTEB results below." if info.mteb_rows else
                  "No evaluation results were recorded for this model (run `st5 eval --model DIR --output "
                  "results.json` and re-export with `--eval_results results.json` to include them).")
+  if info.retrieval_rows:
+    lines += ["", "## Retrieval", "",
+              "`st5 eval --tasks retrieval`: each task's queries ranked against its whole corpus by exact search "
+              "(fractions in [0, 1]).", "",
+              "| Model | Task | Queries | " + " | ".join(RETRIEVAL_MEASURES) + " |",
+              "|---|---|---:|" + "---:|" * len(RETRIEVAL_MEASURES)]
+    lines += [f"| {m} | {t} | {n} | " + " | ".join(f"{v:.3f}" for v in vals) + " |"
+              for m, t, n, vals in info.retrieval_rows]
   if info.mteb_rows:
     lines += ["", "## MTEB results", "",
               "Scored with [MTEB](https://github.com/embeddings-benchmark/mteb) (`st5 eval --mteb`); main score x100.",

@@ -1,0 +1,82 @@
+"""`st5 search --index DIR --queries FILE --k 100 --out RUN`: the top k documents of each query, as a TREC run.
+
+Queries are encoded with the index's own model (the folder it was built from; `--model` overrides it) and
+searched exactly on the devices (blocked matmul + top-k; `--approx`: TPU's approximate top-k) or with the
+index's ANN index (`--ann`). Writes `qid Q0 docid rank score tag` lines, and JSON lines with --jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from st5_jax.configs import POOLINGS
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+  p = sub.add_parser("search", help="Search an `st5 index` folder with queries; write a TREC run file.")
+  p.add_argument("--index", required=True, help="Index folder written by `st5 index` (local or gs://).")
+  p.add_argument("--queries", required=True, action="append",
+                 help="Query file(s): BEIR queries.jsonl (or a BEIR folder), JSON lines id/text, TSV id<TAB>text, "
+                      "or text (a query a line, id = line number from 0); repeat or comma-separate.")
+  p.add_argument("--k", type=int, default=100, help="Documents per query (default 100).")
+  p.add_argument("--out", required=True, help="TREC run file to write (local or gs://).")
+  p.add_argument("--jsonl", default=None, help="Also write the run as JSON lines here.")
+  p.add_argument("--tag", default="st5", help="The run tag, last column of the TREC file (default st5).")
+  p.add_argument("--model", default=None, help="Encode the queries with this model instead of the index's.")
+  p.add_argument("--query_max_length", type=int, default=None,
+                 help="Query token limit (EOS included); default: the model's own max_length.")
+  p.add_argument("--pooling", choices=list(POOLINGS), default=None, help="Override the query model's pooling.")
+  p.add_argument("--vocab", default=None, help="SentencePiece model (default: model folder, $ST5_VOCAB).")
+  p.add_argument("--checkpoint", choices=["auto", "latest", "best"], default="auto",
+                 help="of a --model work dir: latest, best or auto (best when there is one)")
+  p.add_argument("--format", choices=["jsonl", "tsv", "text"], default=None,
+                 help="Query file format (default: by extension, else by the first line).")
+  p.add_argument("--batch_size", type=int, default=64, help="Queries a device encodes per step.")
+  how = p.add_mutually_exclusive_group()
+  how.add_argument("--approx", action="store_true",
+                   help="jax.lax.approx_max_k for each block's top-k (TPU's approximate top-k; exact on CPU/GPU).")
+  how.add_argument("--ann", action="store_true", help="Search the index's ANN index (built by `st5 index --ann`).")
+  p.add_argument("--nprobe", type=int, default=None, help="--ann on an IVF index: lists to scan (default: "
+                 "the index's).")
+  p.add_argument("--ef_search", type=int, default=None, help="--ann on an HNSW index: search breadth.")
+  p.add_argument("--block_size", type=int, default=65536, help="Documents scored at once per exact-search step.")
+  p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+  # JAX and faiss here, not at the top: `st5 --help` imports this module.
+  from st5_jax.cli import UsageError  # pylint: disable=g-import-not-at-top
+  from st5_jax.retrieval import corpus_files, metrics, runs  # pylint: disable=g-import-not-at-top
+  from st5_jax.retrieval import index as index_lib  # pylint: disable=g-import-not-at-top
+  from st5_jax.retrieval import search as search_lib  # pylint: disable=g-import-not-at-top
+
+  if args.k < 1:
+    raise UsageError(f"--k must be >= 1, got {args.k}")
+  if not args.ann and (args.nprobe is not None or args.ef_search is not None):
+    raise UsageError("--nprobe / --ef_search set the ANN index's search; add --ann")
+  index = index_lib.Index.open(args.index)
+  query_ids, texts = corpus_files.read_all(corpus_files.expand(args.queries), fmt=args.format)
+  if not query_ids:
+    raise UsageError(f"no queries in {', '.join(args.queries)} (every line is blank)")
+  model = search_lib.query_model(index, model=args.model, max_length=args.query_max_length, vocab=args.vocab,
+                                 checkpoint=args.checkpoint, pooling=args.pooling)
+  start = time.perf_counter()
+  queries_QxD = index_lib.MeshEncoder(model, batch_size=args.batch_size).encode(texts)
+  encoded = time.perf_counter()
+  method = "ann" if args.ann else "approx" if args.approx else "exact"
+  scores, indices = search_lib.search_index(index, queries_QxD, args.k, method=method,
+                                            ann_params={"nprobe": args.nprobe, "efSearch": args.ef_search},
+                                            block_size=args.block_size)
+  searched = time.perf_counter()
+  run_dict = metrics.run_from_topk(query_ids, index.ids, scores, indices)
+  runs.write_trec(args.out, run_dict, tag=args.tag)
+  if args.jsonl:
+    runs.write_jsonl(args.jsonl, run_dict)
+  how = f"{method}" + (f" {index.ann_info['kind']}" if method == "ann" else "")
+  print(f"st5 search: {len(query_ids)} queries x {len(index)} documents, top {min(args.k, len(index))} ({how}): "
+        f"encoded in {encoded - start:.1f}s, searched in {searched - encoded:.2f}s "
+        f"({len(query_ids) / max(searched - encoded, 1e-9):.0f} queries/s) -> {args.out}"
+        + (f", {args.jsonl}" if args.jsonl else ""), file=sys.stderr)
+  return 0
