@@ -230,3 +230,28 @@ def test_help_imports_neither_jax_nor_faiss():
           "print(sorted(m for m in ('jax', 'faiss', 'numpy', 'st5_jax.retrieval.index') if m in sys.modules))")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
   assert out.stdout.strip() == "[]"
+
+
+def test_index_and_search_a_retrieval_task_score_as_st5_eval(tmp_path, vocab_path, data_dir, capsys):
+  # `--corpus TREC-QA` / `--queries TREC-QA`: the evaluation set's corpus and queries, scored against its qrels,
+  # the same figures as the harness with the same model (MRR@10 within float noise of near ties).
+  from st5_jax.evaluation import harness  # pylint: disable=g-import-not-at-top
+
+  model = _model(tmp_path / "model", vocab_path, seed=0)
+  out = tmp_path / "idx"
+  assert cli.main(["index", "--model", model, "--corpus", "TREC-QA", "--out", str(out), "--shard_size", "500",
+                   "--data_dir", str(data_dir)]) == 0
+  assert (out / "task_corpus.jsonl").read_text().count("\n") == 1393
+  metrics_file = tmp_path / "m.json"
+  assert cli.main(["search", "--index", str(out), "--queries", "TREC-QA", "--out", str(tmp_path / "run.trec"),
+                   "--data_dir", str(data_dir), "--metrics", str(metrics_file)]) == 0
+  assert "MRR@10" in capsys.readouterr().err
+  got = json.loads(metrics_file.read_text())
+  enc = SentenceEncoder.load(model)
+  want = harness.evaluate(lambda t: enc.encode(t), ["TREC-QA"], data_dir)["tasks"]["TREC-QA"]
+  assert got["n_queries"] == want["n_queries"] == 89
+  for m in ("MRR@10", "nDCG@10", "Recall@100"):
+    assert got[m] == pytest.approx(want[m], abs=2e-3), m
+  rc = cli.main(["search", "--index", str(out), "--queries", str(out / "task_corpus.jsonl"), "--out",
+                 str(tmp_path / "x.trec"), "--metrics", str(metrics_file)])
+  assert rc == 2 and "--metrics needs --queries TASK" in capsys.readouterr().err

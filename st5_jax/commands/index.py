@@ -1,4 +1,7 @@
-"""`st5 index --model M --corpus FILES --out DIR`: encode a corpus into a sharded, resumable index.
+"""`st5 index --model M --corpus FILES|TASK --out DIR`: encode a corpus into a sharded, resumable index.
+
+TASK: a retrieval evaluation set by name (`st5 eval --tasks retrieval` lists them: WikiQA, ReQA-SQuAD, ...,
+or `beir:FOLDER`); its corpus is written to DIR/task_corpus.jsonl (the same bytes every time) and indexed.
 
 Every process of a multi-host run runs the same command (launch/tpu_run.sh); shard s is encoded by process
 s % P on its own devices. Rerun the same command after a kill or preemption: finished shards are kept.
@@ -24,7 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
   p.add_argument("--corpus", required=True, action="append",
                  help="Corpus file(s), local or gs://: repeat the flag or separate with commas; globs expand; a "
                       "BEIR folder means its corpus.jsonl. Formats: .jsonl (BEIR _id/title/text, or id/text), "
-                      ".tsv (id<TAB>text), .txt (a document a line, id = line number from 0); .gz read too.")
+                      ".tsv (id<TAB>text), .txt (a document a line, id = line number from 0); .gz read too. Or a "
+                      "retrieval evaluation set's name (WikiQA, ReQA-SQuAD, beir:FOLDER, ...): its corpus.")
+  p.add_argument("--data_dir", default=None, help="Public data folder for a TASK corpus (default $ST5_DATA_DIR).")
   p.add_argument("--out", required=True, help="Index folder (local or gs://); rerunning into it resumes.")
   p.add_argument("--shard_size", type=int, default=65536, help="Documents a shard (default 65536).")
   p.add_argument("--batch_size", type=int, default=64, help="Documents a device encodes per step (default 64).")
@@ -58,6 +63,40 @@ def ann_overrides(args: argparse.Namespace) -> dict:
           "efSearch": args.ef_search}
 
 
+def task_files(specs: list[str], out: str, *, data_dir: str | None, part: str) -> list[str]:
+  """`specs`, with each retrieval evaluation set named among them replaced by a JSON-lines file of its `part`
+  ("corpus" or "queries") written under `out` (the lead writes; every process reads it after a barrier)."""
+  import json  # pylint: disable=g-import-not-at-top
+
+  from st5_jax import multihost, paths  # pylint: disable=g-import-not-at-top
+  from st5_jax.evaluation import sets  # pylint: disable=g-import-not-at-top
+
+  files = []
+  for spec in (s.strip() for entry in specs for s in entry.split(",") if s.strip()):
+    if paths.exists(spec) or any(c in spec for c in "*?[") or not is_task(spec):
+      files.append(spec)
+      continue
+    data = sets.get_set(sets.resolve_tasks(spec)[0]).read(paths.data_dir(data_dir))[1]
+    target = paths.join(out, f"task_{part}.jsonl")
+    if multihost.is_lead():
+      texts = data.corpus if part == "corpus" else data.queries
+      paths.write_text(target, "".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in texts.items()))
+    multihost.barrier(f"st5_task_{part}")
+    files.append(target)
+  return files
+
+
+def is_task(spec: str) -> bool:
+  """A retrieval evaluation set's name (or beir:FOLDER), not a file."""
+  from st5_jax.evaluation import sets  # pylint: disable=g-import-not-at-top
+
+  try:
+    names = sets.resolve_tasks(spec)
+  except ValueError:
+    return False
+  return len(names) == 1 and sets.get_set(names[0]).kind == "retrieval"
+
+
 def run(args: argparse.Namespace) -> int:
   # JAX and faiss here, not at the top: `st5 --help` imports this module.
   import logging  # pylint: disable=g-import-not-at-top
@@ -69,8 +108,9 @@ def run(args: argparse.Namespace) -> int:
   for noisy in ("absl", "jax._src.xla_bridge", "orbax"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
   multihost.maybe_initialize()
+  corpus = task_files(args.corpus, args.out, data_dir=args.data_dir, part="corpus")
   report = index_lib.build_index(
-      args.model, args.corpus, args.out, shard_size=args.shard_size, batch_size=args.batch_size,
+      args.model, corpus, args.out, shard_size=args.shard_size, batch_size=args.batch_size,
       max_length=args.max_length, pooling=args.pooling, vocab=args.vocab, checkpoint=args.checkpoint,
       param_sharding=args.param_sharding, ann=args.ann, ann_params=ann_overrides(args), corpus_format=args.format,
       progress=lambda line: print(line, file=sys.stderr, flush=True))

@@ -3,6 +3,8 @@
 Queries are encoded with the index's own model (the folder it was built from; `--model` overrides it) and
 searched exactly on the devices (blocked matmul + top-k; `--approx`: TPU's approximate top-k) or with the
 index's ANN index (`--ann`). Writes `qid Q0 docid rank score tag` lines, and JSON lines with --jsonl.
+`--queries TASK` (a retrieval evaluation set, as `st5 index --corpus TASK`) takes the set's queries and
+prints its measures against the set's qrels (`--metrics FILE` also writes them as JSON).
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ def register(sub: argparse._SubParsersAction) -> None:
   p.add_argument("--index", required=True, help="Index folder written by `st5 index` (local or gs://).")
   p.add_argument("--queries", required=True, action="append",
                  help="Query file(s): BEIR queries.jsonl (or a BEIR folder), JSON lines id/text, TSV id<TAB>text, "
-                      "or text (a query a line, id = line number from 0); repeat or comma-separate.")
+                      "or text (a query a line, id = line number from 0); repeat or comma-separate. Or a retrieval "
+                      "evaluation set's name (WikiQA, beir:FOLDER, ...): its queries, scored against its qrels.")
+  p.add_argument("--data_dir", default=None, help="Public data folder for a TASK (default $ST5_DATA_DIR).")
+  p.add_argument("--metrics", default=None, help="With --queries TASK: also write the measures as JSON here.")
   p.add_argument("--k", type=int, default=100, help="Documents per query (default 100).")
   p.add_argument("--out", required=True, help="TREC run file to write (local or gs://).")
   p.add_argument("--jsonl", default=None, help="Also write the run as JSON lines here.")
@@ -56,8 +61,19 @@ def run(args: argparse.Namespace) -> int:
     raise UsageError(f"--k must be >= 1, got {args.k}")
   if not args.ann and (args.nprobe is not None or args.ef_search is not None):
     raise UsageError("--nprobe / --ef_search set the ANN index's search; add --ann")
+  from st5_jax.commands.index import is_task  # pylint: disable=g-import-not-at-top
+
   index = index_lib.Index.open(args.index)
-  query_ids, texts = corpus_files.read_all(corpus_files.expand(args.queries), fmt=args.format)
+  task = args.queries[0] if len(args.queries) == 1 and is_task(args.queries[0]) else None
+  if task is not None:
+    from st5_jax import paths  # pylint: disable=g-import-not-at-top
+    from st5_jax.evaluation import sets  # pylint: disable=g-import-not-at-top
+    data = sets.get_set(sets.resolve_tasks(task)[0]).read(paths.data_dir(args.data_dir))[1]
+    query_ids, texts = list(data.queries), list(data.queries.values())
+  else:
+    if args.metrics:
+      raise UsageError("--metrics needs --queries TASK (a retrieval set with qrels)")
+    query_ids, texts = corpus_files.read_all(corpus_files.expand(args.queries), fmt=args.format)
   if not query_ids:
     raise UsageError(f"no queries in {', '.join(args.queries)} (every line is blank)")
   model = search_lib.query_model(index, model=args.model, max_length=args.query_max_length, vocab=args.vocab,
@@ -74,9 +90,18 @@ def run(args: argparse.Namespace) -> int:
   runs.write_trec(args.out, run_dict, tag=args.tag)
   if args.jsonl:
     runs.write_jsonl(args.jsonl, run_dict)
+  measures = ""
+  if task is not None:
+    import json  # pylint: disable=g-import-not-at-top
+    scored = metrics.evaluate(run_dict, data.qrels)
+    measures = "; " + ", ".join(f"{m} {scored['mean'][m]:.4f}" for m in ("MRR@10", "nDCG@10", "Recall@100"))
+    if args.metrics:
+      from st5_jax import paths  # pylint: disable=g-import-not-at-top
+      paths.write_text(args.metrics, json.dumps({"task": task, **scored["mean"], "n_queries": scored["n_queries"]},
+                                                indent=1) + "\n")
   how = f"{method}" + (f" {index.ann_info['kind']}" if method == "ann" else "")
   print(f"st5 search: {len(query_ids)} queries x {len(index)} documents, top {min(args.k, len(index))} ({how}): "
         f"encoded in {encoded - start:.1f}s, searched in {searched - encoded:.2f}s "
         f"({len(query_ids) / max(searched - encoded, 1e-9):.0f} queries/s) -> {args.out}"
-        + (f", {args.jsonl}" if args.jsonl else ""), file=sys.stderr)
+        + (f", {args.jsonl}" if args.jsonl else "") + measures, file=sys.stderr)
   return 0
