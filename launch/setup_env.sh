@@ -9,6 +9,9 @@
 # torch: `pip install torch==2.13.0` takes the CPU build where one is on the machine's
 # disk or index; elsewhere point pip at PyTorch's CPU index first:
 #   pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+# Strict mode for this script only: a shell that sources it gets its own options back at the end
+# (left on, a later failing command, e.g. an `st5` user error, would close an interactive shell).
+_st5_saved_options="$(set +o)"
 set -euo pipefail
 ST5_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ST5_EXTRAS="${ST5_EXTRAS:-}"
@@ -60,3 +63,5 @@ if [ -z "${JAX_PLATFORMS:-}" ] && ! ls /dev/accel* /dev/vfio/[0-9]* >/dev/null 2
     && ! command -v nvidia-smi >/dev/null 2>&1; then
   export JAX_PLATFORMS=cpu
 fi
+eval "$_st5_saved_options"
+unset _st5_saved_options
