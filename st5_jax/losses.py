@@ -15,9 +15,18 @@ SimCSE's supervised loss (Gao et al. 2021; also LayerAttPooler's, cl/models.py) 
 with s the cosine, t = 0.05, and a constant `hard_negative_weight` added to the logit of
 each query's own hard negative (SimCSE's default 0, LayerAttPooler's 1.0):
 `in_batch_softmax_loss(..., similarity="cosine", hard_negative_weight=w)`.
+
+K hard negatives per query (mined negatives: GTR, E5, Tevatron's `num_target_passages`)
+generalise eq. 14: each query is scored against all B positives and all B*K negatives of
+the batch, logits [B, B*(1+K)], columns [positives | every example's negative 0 | ... |
+every example's negative K-1]. `hard_negative_weight` is added to a query's logits against
+each of its OWN K negatives. The bidirectional term stays positives -> queries [B, B]:
+negatives never act as queries. K = 1 is eq. 14 as before, value for value.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -25,10 +34,31 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
-def contrastive_logits(left_BxD: Array, right_BxD: Array, right_neg_BxD: Array | None = None, *,
+def negatives_KBxD(right_neg: Array | Sequence[Array] | None) -> tuple[Array | None, int]:
+  """Hard negatives as [K*B, D] rows (negative k of example j at row k*B + j), and K.
+
+  Accepts one [B, D] array (K = 1), a [B, K, D] array, or a sequence of K [B, D] arrays
+  (one per negative tower); None is no negatives (K = 0).
+  """
+  if right_neg is None:
+    return None, 0
+  if isinstance(right_neg, (list, tuple)):
+    if not right_neg:
+      raise ValueError("hard negatives: an empty sequence; pass None for no hard negatives")
+    return jnp.concatenate(right_neg, axis=0), len(right_neg)
+  if right_neg.ndim == 2:
+    return right_neg, 1
+  if right_neg.ndim != 3:
+    raise ValueError(f"hard negatives must be [B, D] or [B, K, D], got shape {right_neg.shape}")
+  B, K, D = right_neg.shape
+  return jnp.swapaxes(right_neg, 0, 1).reshape(K * B, D), K
+
+
+def contrastive_logits(left_BxD: Array, right_BxD: Array, right_neg: Array | Sequence[Array] | None = None, *,
                        temperature: float = 0.01) -> Array:
-  """Query-vs-candidates logits [B, B] or [B, 2B] (positives first, then hard negatives)."""
-  cands_CxD = right_BxD if right_neg_BxD is None else jnp.concatenate([right_BxD, right_neg_BxD], axis=0)
+  """Query-vs-candidates logits [B, B*(1+K)]: positives first, then the K negatives (negatives_KBxD's order)."""
+  neg_KBxD, _ = negatives_KBxD(right_neg)
+  cands_CxD = right_BxD if neg_KBxD is None else jnp.concatenate([right_BxD, neg_KBxD], axis=0)
   sims_BxC = jnp.einsum("bd,cd->bc", left_BxD.astype(jnp.float32), cands_CxD.astype(jnp.float32))
   return sims_BxC / temperature
 
@@ -66,30 +96,37 @@ def _unit(x_BxD: Array) -> Array:
   return x_BxD / jnp.maximum(jnp.linalg.norm(x_BxD, axis=-1, keepdims=True), 1e-8)
 
 
-def in_batch_softmax_loss(left_BxD: Array, right_BxD: Array, right_neg_BxD: Array | None = None, *,
+def in_batch_softmax_loss(left_BxD: Array, right_BxD: Array, right_neg: Array | Sequence[Array] | None = None, *,
                           temperature: float = 0.01, bidirectional: bool = False,
                           label_smoothing: float = 0.0, similarity: str = "dot",
                           hard_negative_weight: float = 0.0) -> tuple[Array, dict[str, Array]]:
   """Mean loss (eq. 13, or eq. 14 with hard negatives) and batch metrics.
 
-  With `bidirectional`, the loss is the mean of the query->candidate term and an
-  answer->question term (positives scored against all queries of the batch).
-  `similarity="cosine"` normalises the embeddings first; `hard_negative_weight` is added
-  to the logit of query i against its own hard negative i (SimCSE).
+  right_neg: None, [B, D] (one hard negative per query), [B, K, D] or a sequence of K
+  [B, D] arrays (K per query); each query is scored against every positive and every
+  negative of the batch, logits [B, B*(1+K)]. With `bidirectional`, the loss is the mean
+  of the query->candidate term and an answer->question term (positives scored against
+  all queries of the batch, [B, B]; negatives are never queries). `similarity="cosine"`
+  normalises the embeddings first; `hard_negative_weight` is added to the logits of
+  query i against its own K hard negatives (SimCSE).
   """
   if similarity not in ("dot", "cosine"):
     raise ValueError(f"similarity must be 'dot' or 'cosine', got {similarity!r}")
   left_BxD = left_BxD.astype(jnp.float32)
   right_BxD = right_BxD.astype(jnp.float32)
+  neg_KBxD, K = negatives_KBxD(right_neg)
+  if neg_KBxD is not None:
+    neg_KBxD = neg_KBxD.astype(jnp.float32)
   if similarity == "cosine":
     left_BxD, right_BxD = _unit(left_BxD), _unit(right_BxD)
-    right_neg_BxD = None if right_neg_BxD is None else _unit(right_neg_BxD.astype(jnp.float32))
-  logits_BxC = contrastive_logits(left_BxD, right_BxD, right_neg_BxD, temperature=temperature)
+    neg_KBxD = None if neg_KBxD is None else _unit(neg_KBxD)
+  logits_BxC = contrastive_logits(left_BxD, right_BxD, neg_KBxD, temperature=temperature)
   B = left_BxD.shape[0]
   sims_BxC = logits_BxC * temperature
-  if right_neg_BxD is not None and hard_negative_weight:
-    own_negative_BxC = jnp.pad(jnp.eye(B, dtype=jnp.float32), ((0, 0), (B, 0)))
-    logits_BxC = logits_BxC + hard_negative_weight * own_negative_BxC
+  if neg_KBxD is not None and hard_negative_weight:
+    # Query i's own negatives are columns B + k*B + i, k < K.
+    own_negatives_BxC = jnp.pad(jnp.tile(jnp.eye(B, dtype=jnp.float32), (1, K)), ((0, 0), (B, 0)))
+    logits_BxC = logits_BxC + hard_negative_weight * own_negatives_BxC
   xent_B, correct_B = _softmax_xent(logits_BxC, label_smoothing)
   loss = jnp.mean(xent_B)
   if bidirectional:
@@ -107,8 +144,10 @@ def in_batch_softmax_loss(left_BxD: Array, right_BxD: Array, right_neg_BxD: Arra
       "alignment": alignment(left_BxD, right_BxD),
       "uniformity": uniformity(jnp.concatenate([left_BxD, right_BxD], axis=0)),
   }
-  if right_neg_BxD is not None:
-    metrics["hard_negative_similarity"] = jnp.mean(jnp.diagonal(sims_BxC[:, B:]))
+  if neg_KBxD is not None:
+    # Mean similarity of each query to its own K negatives (the diagonal of every [B, B] negative block).
+    sims_KxBxB = sims_BxC[:, B:].reshape(B, K, B).swapaxes(0, 1)
+    metrics["hard_negative_similarity"] = jnp.mean(jnp.diagonal(sims_KxBxB, axis1=1, axis2=2))
   return loss, metrics
 
 

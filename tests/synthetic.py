@@ -5,17 +5,20 @@ import numpy as np
 
 from st5_jax import partitioning
 from st5_jax.features import LABELS
-from st5_jax.features import LEFT, RIGHT, RIGHT_NEG
+from st5_jax.features import LEFT, RIGHT, RIGHT_NEG, negative_features
 
 
 class SyntheticPairs:
   """Batch i is a pure function of (seed, i): positives share most tokens with their query.
 
   Each process builds only its rows of the global batch, like the real pipeline.
+  `negatives`: hard negatives per example, K (True: 1, False: 0), under the names of
+  st5_jax.features.negative_features(K); the first is the same for every K.
   """
 
   def __init__(self, mesh, global_batch_size, seed, *, length=12, negatives=True, vocab=300, cycle=None):
-    self.mesh, self.B, self.seed, self.L, self.negatives, self.vocab = mesh, global_batch_size, seed, length, negatives, vocab
+    self.mesh, self.B, self.seed, self.L, self.vocab = mesh, global_batch_size, seed, length, vocab
+    self.negatives = int(negatives)
     self.cycle = cycle  # repeat the first `cycle` batches (to watch a loss fall on fixed data)
     self.index = 0
     self.sharding = partitioning.batch_sharding(mesh)
@@ -28,13 +31,15 @@ class SyntheticPairs:
     flip = rng.random((self.B, self.L)) < 0.3
     right[flip] = rng.integers(3, self.vocab, size=flip.sum())
     neg = rng.integers(3, self.vocab, size=(self.B, self.L)).astype(np.int32)
-    for arr in (left, right, neg):
+    # Negatives 1..K-1 drawn after the first: K = 1 batches stay what they were.
+    more = [rng.integers(3, self.vocab, size=(self.B, self.L)).astype(np.int32) for _ in range(self.negatives - 1)]
+    for arr in (left, right, neg, *more):
       for r in range(self.B):
         arr[r, n[r]] = 1
         arr[r, n[r] + 1:] = 0
     out = {LEFT: left, RIGHT: right}
     if self.negatives:
-      out[RIGHT_NEG] = neg
+      out.update(zip((model_key for _, model_key in negative_features(self.negatives)), (neg, *more)))
     return out
 
   def __iter__(self):

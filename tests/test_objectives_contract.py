@@ -5,7 +5,8 @@ batch 8, t5_mini as shipped): the features its seqio task produces are the ones 
 its analytic FLOPs agree with XLA's cost analysis of the lowered step; the step compiles for
 a TPU topology through `st5 aot`'s own code; a run saves, restores and continues; and the
 trained tower exports and encodes as the work dir does. A new objective added to the
-registry is covered without a new test.
+registry is covered without a new test; so is a setting that changes what an objective
+declares, listed in VARIANTS (Contrastive with K = 3 hard negatives per query).
 """
 
 import json
@@ -27,19 +28,65 @@ BATCH = 8
 OVERRIDES = [f"TrainConfig.global_batch_size = {BATCH}", "TrainConfig.num_train_steps = 2",
              "TrainConfig.checkpoint_every = 1", "TrainConfig.log_every = 1", "TrainConfig.eval_every = -1",
              "run.init_from = None"]
+# Settings that change an objective's features, FLOPs and step, covered like one more objective:
+# case -> (objective, extra gin bindings on its example gin). K hard negatives per query read a
+# task with K negatives an example (registered below; the example gin's lengths serve it).
+K = 3
+K_TASK = "contract_three_hard_negatives"
+VARIANTS = {"contrastive_k3": ("contrastive", [f"Contrastive.num_negatives = {K}", f"DataConfig.task = '{K_TASK}'"])}
+CASES = NAMES + sorted(VARIANTS)
 # Analytic model FLOPs / XLA's count of the whole lowered step (which adds the optimizer, norms,
 # softmaxes and elementwise work): measured 0.958 (align_uniform, consert_unsup) to 0.974
-# (consert_joint) on 2026-12-01; a count off by 2x is far outside either way.
+# (consert_joint) on 2026-12-01, 0.971 (contrastive) and 0.980 (contrastive_k3, five towers); a count
+# off by 2x is far outside either way.
 FLOPS_RATIO = (0.85, 1.15)
 
 
-def _spec(name):
+def _case(case):
+  """(objective name, extra gin bindings) of a case: a registered objective, or one of VARIANTS."""
+  return VARIANTS.get(case, (case, []))
+
+
+def _spec(case):
+  name, extra = _case(case)
   cls = objectives.REGISTRY[name]
   assert cls.example_gin and (REPO / "gin" / cls.example_gin).is_file(), f"{name}: no shipped example gin"
-  parse_gin([cls.example_gin], OVERRIDES)
+  parse_gin([cls.example_gin], OVERRIDES + extra)
   spec = gin_config.run_spec()
   assert type(spec.train_config.objective) is cls, f"{cls.example_gin} does not select {cls.__name__}"
   return spec
+
+
+def _register_k_negatives_task():
+  """A seqio task with K hard negatives an example (`negative_targets`, `negative_targets_1`, ...): in-memory
+  text through seqio's pipeline, tokenised like the st5 tasks; no length of its own for the further negatives."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from st5_jax.data import registry, vocabulary  # pylint: disable=g-import-not-at-top
+  from st5_jax.features import negative_features  # pylint: disable=g-import-not-at-top
+
+  keys = ["inputs", "targets"] + [task_key for task_key, _ in negative_features(K)]
+  words = "a man woman dog child plays runs sits on in the park beach guitar ball red blue".split()
+  rng = np.random.default_rng(0)
+  rows = {k: [" ".join(rng.choice(words, size=int(rng.integers(3, 12)))) for _ in range(4 * BATCH)] for k in keys}
+
+  def dataset_fn(split, shuffle_files, seed=None):
+    del split, shuffle_files, seed
+    return tf.data.Dataset.from_tensor_slices(rows)
+
+  if K_TASK in seqio.TaskRegistry.names():
+    seqio.TaskRegistry.remove(K_TASK)
+  vocab = vocabulary.get_vocabulary()
+  seqio.TaskRegistry.add(K_TASK, source=seqio.FunctionDataSource(dataset_fn, splits=("all",)),
+                         preprocessors=list(registry.PREPROCESSORS),
+                         output_features={k: seqio.Feature(vocabulary=vocab, add_eos=True) for k in keys})
+
+
+def _import_tasks(case, spec):
+  spec.train_config.objective.import_tasks()
+  if case == "contrastive_k3":
+    _register_k_negatives_task()
 
 
 def _abstract(setup, spec, mesh):
@@ -51,11 +98,11 @@ def _abstract(setup, spec, mesh):
   return state, batch
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", CASES)
 def test_its_task_produces_the_features_it_declares(name):
   spec = _spec(name)
   obj, lengths = spec.train_config.objective, dict(spec.data.feature_lengths)
-  obj.import_tasks()
+  _import_tasks(name, spec)
   mesh = partitioning.make_mesh(spec.mesh)
   declared = {k: (f.shape(BATCH, lengths), np.dtype(f.dtype)) for k, f in obj.features(lengths).items()}
   batch = next(spec.data(mesh, BATCH, 0))
@@ -63,7 +110,7 @@ def test_its_task_produces_the_features_it_declares(name):
   assert produced == declared, f"{name}: task {spec.data.task} gives {produced}, the objective reads {declared}"
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", CASES)
 def test_its_flops_agree_with_xla_cost_analysis_of_the_lowered_step(name):
   spec = _spec(name)
   tc = spec.train_config
@@ -86,19 +133,19 @@ def aot_reports(tmp_path_factory):
   out = tmp_path_factory.mktemp("aot")
   env = dict(os.environ)
   env.pop("JAX_PLATFORMS", None)  # compile-only TPU devices need the TPU plugin
-  script = ("import sys\nfrom st5_jax import cli\n"
-            "for name, gin in zip(sys.argv[1::2], sys.argv[2::2]):\n"
+  script = ("import json, sys\nfrom st5_jax import cli\n"
+            "for name, gin, extra in json.loads(sys.argv[1]):\n"
             "  args = ['aot', '--gin', gin, '--topology', 'v4:2x2x1', '--json', f'" + str(out) + "/{name}.json']\n"
-            "  args += ['--gin.' + b.replace(' = ', '=') for b in " + repr(OVERRIDES) + "]\n"
+            "  args += ['--gin.' + b.replace(' = ', '=') for b in " + repr(OVERRIDES) + " + extra]\n"
             "  cli.main(args)\n")
-  argv = [x for n in NAMES for x in (n, objectives.REGISTRY[n].example_gin)]
-  proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, env=env,
+  cases = [[c, objectives.REGISTRY[_case(c)[0]].example_gin, _case(c)[1]] for c in CASES]
+  proc = subprocess.run([sys.executable, "-c", script, json.dumps(cases)], capture_output=True, text=True, env=env,
                         timeout=1200, cwd=REPO)
   assert proc.returncode == 0, proc.stderr[-4000:]
-  return {n: json.loads((out / f"{n}.json").read_text()) for n in NAMES}
+  return {n: json.loads((out / f"{n}.json").read_text()) for n in CASES}
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", CASES)
 def test_it_compiles_for_a_tpu_topology_through_st5_aot(name, aot_reports):
   report = aot_reports[name]
   spec = _spec(name)
@@ -108,6 +155,8 @@ def test_it_compiles_for_a_tpu_topology_through_st5_aot(name, aot_reports):
   assert report["lengths"] == dict(spec.data.feature_lengths)
 
 
+# The registered objectives only: a variant changes the features and the step, not saving or exporting
+# (its step runs in tests/test_grad_cache.py; here it would add a minute of t5_mini training).
 @pytest.mark.parametrize("name", NAMES)
 def test_it_saves_restores_continues_and_exports_its_tower(name, tmp_path, vocab_path):
   from st5_jax.checkpoints import native  # pylint: disable=g-import-not-at-top
@@ -115,7 +164,7 @@ def test_it_saves_restores_continues_and_exports_its_tower(name, tmp_path, vocab
   from st5_jax.export.api import export_model  # pylint: disable=g-import-not-at-top
 
   spec = _spec(name)
-  spec.train_config.objective.import_tasks()
+  _import_tasks(name, spec)
   kw = dict(workdir=tmp_path / "work", model_config=spec.model, train_config=spec.train_config,
             make_iterator=spec.data, mesh_config=spec.mesh, vocab_file=vocab_path, progress=False, rules=spec.rules)
   first = train.train(**kw, stop_after_steps=1)

@@ -21,7 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
   p.add_argument("--pooling", default="enc_mean", choices=list(POOLINGS))
   p.add_argument("--batch", type=int, default=64, help="Global batch size.")
   p.add_argument("--length", type=int, default=32, help="Tokens per sequence (every tower).")
-  p.add_argument("--negatives", action="store_true", help="Add a hard-negative tower (stage 2).")
+  p.add_argument("--negatives", type=int, nargs="?", const=1, default=0, metavar="K",
+                 help="Hard-negative towers per example: --negatives is one (stage 2), --negatives 3 three "
+                      "(Contrastive.num_negatives).")
   p.add_argument("--steps", type=int, default=20, help="Timed steps (after one warm-up step).")
   p.add_argument("--dtype", default=None, help="Activation dtype (default: bfloat16 on accelerators, float32 on CPU).")
   p.add_argument("--scan", action="store_true", help="Scan over layers with full remat.")
@@ -73,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
   import jax
   import numpy as np
 
-  from st5_jax import configs, features, partitioning, train
+  from st5_jax import configs, objectives, partitioning, train
   from st5_jax.inference import default_dtype
 
   dtype = args.dtype or default_dtype()
@@ -83,17 +85,20 @@ def run(args: argparse.Namespace) -> int:
       pooling=args.pooling,
       embedding_dim=args.embedding_dim or (768 if args.size not in ("t5_tiny", "t5_1_1_tiny") else 32),
       max_length=args.length)
+  if args.negatives < 0:
+    raise SystemExit(f"--negatives must be >= 0 (hard negatives per example), got {args.negatives}")
   tc = train.TrainConfig(num_train_steps=args.steps + 1, global_batch_size=args.batch,
-                         grad_cache_chunks=args.grad_cache_chunks)
+                         grad_cache_chunks=args.grad_cache_chunks,
+                         objective=objectives.Contrastive(num_negatives=max(args.negatives, 1)))
   mesh = partitioning.make_mesh(partitioning.MeshConfig())
   setup = train.build(model, tc, mesh)
   rng = np.random.default_rng(0)
-  sides = [features.LEFT, features.RIGHT] + ([features.RIGHT_NEG] if args.negatives else [])
-  host = token_batch(args.batch, args.length, sides, rng)
-  batch = {k: jax.device_put(v, partitioning.batch_sharding(mesh)) for k, v in host.items()}
   lengths = {"inputs": args.length, "targets": args.length}
   if args.negatives:
     lengths["negative_targets"] = args.length
+  sides = list(setup.objective.required_lengths(lengths))  # the towers the objective reads
+  host = token_batch(args.batch, args.length, sides, rng)
+  batch = {k: jax.device_put(v, partitioning.batch_sharding(mesh)) for k, v in host.items()}
   step_flops = setup.objective.step_flops(model, global_batch_size=args.batch, lengths=lengths)
 
   with jax.set_mesh(mesh):

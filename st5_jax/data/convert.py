@@ -9,6 +9,7 @@ features; today's Sentence-T5 names (st5_jax.features) are the default model nam
 
     inputs -> left_encoder_input_tokens [B, L]      targets -> right_encoder_input_tokens [B, L]
     negative_targets -> right_negative_encoder_input_tokens [B, L]
+    negative_targets_{i} -> right_negative_encoder_input_tokens_{i} [B, L]   (K hard negatives: i = 1..K-1)
     any other feature -> the same name, or what `model_feature_names` maps it to
 
 Both data paths produce rows in this layout: seqio's pipeline through
@@ -95,7 +96,8 @@ def batch_layout(tasks: Sequence[seqio.Task], feature_lengths: Mapping[str, int]
   """The batch features of `tasks` (one task, or every task of a mixture).
 
   Token features (rank 1) need a length in `feature_lengths`; a missing
-  `negative_targets` length defaults to the `targets` length, and optional
+  `negative_targets` length defaults to the `targets` length, a missing
+  `negative_targets_{i}` length (K hard negatives) to the `negative_targets` one, and optional
   (required=False) token features without a length are left out. Scalar features
   (rank 0) need none. Lengths of features the tasks do not have are ignored, so one
   TASK_FEATURE_LENGTHS can serve pair and triple tasks. All tasks of a mixture must
@@ -105,6 +107,9 @@ def batch_layout(tasks: Sequence[seqio.Task], feature_lengths: Mapping[str, int]
   lengths = {k: int(v) for k, v in feature_lengths.items() if v is not None}
   if "negative_targets" not in lengths and "targets" in lengths:
     lengths["negative_targets"] = lengths["targets"]
+  if "negative_targets" in lengths:  # the further hard negatives negative_targets_{i} take the first one's length
+    for key, _ in features_lib.negative_features(features_lib.MAX_NEGATIVES)[1:]:
+      lengths.setdefault(key, lengths["negative_targets"])
   layouts = {}
   for task in tasks:
     out = []

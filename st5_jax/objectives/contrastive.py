@@ -7,7 +7,10 @@ st5_jax.losses.in_batch_softmax_loss), optionally bidirectional and label-smooth
 `loss='simcse'` is SimCSE's supervised form (LayerAttPooler's): cosine logits and
 `hard_negative_weight` added to each query's logit against its own hard negative
 (SimCSE 0, LayerAttPooler 1.0; their temperature is 0.05). Batches: LEFT, RIGHT and,
-with a `negative_targets` length, RIGHT_NEG (st5_jax.features).
+with a `negative_targets` length, `num_negatives` = K hard-negative towers per example
+(st5_jax.features.negative_features: RIGHT_NEG, then RIGHT_NEG_1 ... RIGHT_NEG_{K-1});
+each query is scored against all B positives and all B*K negatives of the global batch,
+logits [B, B*(1+K)] (st5_jax.losses: how K meets `bidirectional` and `hard_negative_weight`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import jax.numpy as jnp
 
 from st5_jax import flops, losses
 from st5_jax.configs import ST5Config
-from st5_jax.features import LEFT, RIGHT, RIGHT_NEG
+from st5_jax.features import LEFT, MAX_NEGATIVES, NEGATIVE_TARGETS, RIGHT, RIGHT_NEG, negative_features
 from st5_jax.model.st5 import SentenceT5
 from st5_jax.objectives import grad_cache
 from st5_jax.objectives.base import Feature, Objective, ObjectiveConfigError, ValueAndGrad, rebox, register
@@ -68,28 +71,60 @@ def embed_towers(embed: EmbedFn, params: Any, tokens: Mapping[str, Array], key: 
   return out
 
 
+def negative_sides(batch: Mapping[str, Any], num_negatives: int = 1) -> list[str]:
+  """The batch's hard-negative towers, in order: none, or all `num_negatives` of them."""
+  sides = [model_key for _, model_key in negative_features(num_negatives)]
+  present = [s for s in sides if s in batch]
+  if present and present != sides:
+    raise ValueError(f"Contrastive.num_negatives = {num_negatives} reads the batch features {sides}; the batch "
+                     f"has only {present}: give the task {num_negatives} negatives per example, or lower it")
+  extra = sorted(s for s in batch if s.startswith(RIGHT_NEG) and s not in sides)
+  if extra:
+    raise ValueError(f"The batch has {len(present) + len(extra)} hard negatives per example ({extra} beyond "
+                     f"Contrastive.num_negatives = {num_negatives}); set Contrastive.num_negatives to match")
+  return present
+
+
+def in_batch_loss(emb: Mapping[str, Array], negatives: list[str], loss_kw: Mapping[str, Any]):
+  """The in-batch softmax loss over the towers' embeddings; the K negatives as a list of [B, D]."""
+  return losses.in_batch_softmax_loss(emb[LEFT], emb[RIGHT], [emb[s] for s in negatives] or None, **loss_kw)
+
+
 def grad_cache_value_and_grad(embed: EmbedFn, params: Any, batch: Mapping[str, Array], key: Array, *, chunks: int,
-                              loss_kw: Mapping[str, Any]) -> tuple[tuple[Array, dict], Any]:
-  """GradCache (st5_jax/objectives/grad_cache.py) of the in-batch softmax loss: one key per side."""
-  sides = [s for s in (LEFT, RIGHT, RIGHT_NEG) if s in batch]
-  side_keys = dict(zip((LEFT, RIGHT, RIGHT_NEG), jax.random.split(key, 3)))
+                              loss_kw: Mapping[str, Any], num_negatives: int = 1) -> tuple[tuple[Array, dict], Any]:
+  """GradCache (st5_jax/objectives/grad_cache.py) of the in-batch softmax loss: one key per side.
+
+  The sides are LEFT, RIGHT and the K negative towers, each with its own dropout key
+  (split(key, 2 + K): K = 1 keeps the keys of the three-tower step).
+  """
+  negatives = negative_sides(batch, num_negatives)
+  all_sides = [LEFT, RIGHT] + [model_key for _, model_key in negative_features(num_negatives)]
+  side_keys = dict(zip(all_sides, jax.random.split(key, len(all_sides))))
+  sides = [s for s in (LEFT, RIGHT) if s in batch] + negatives
 
   def loss_on(e, params_, batch_):
     del params_, batch_
-    return losses.in_batch_softmax_loss(e[LEFT], e[RIGHT], e.get(RIGHT_NEG), **loss_kw)
+    return in_batch_loss(e, negatives, loss_kw)
 
   return grad_cache.value_and_grad(embed, loss_on, params, batch, {s: (batch[s], side_keys[s]) for s in sides},
                                    chunks=chunks)
 
 
-def contrastive_step_flops(config: ST5Config, *, global_batch_size: int, lengths: Mapping[str, int]) -> float:
-  """Forward + backward (3x forward) FLOPs: every tower, and the [B, B(+B)] similarity logits."""
+def negative_lengths(lengths: Mapping[str, int], num_negatives: int = 1) -> list[tuple[str, str]]:
+  """(model feature, length key) of the K negative towers; each has its own length or the `negative_targets` one."""
+  if NEGATIVE_TARGETS not in lengths:
+    return []
+  return [(model_key, task_key if task_key in lengths else NEGATIVE_TARGETS)
+          for task_key, model_key in negative_features(num_negatives)]
+
+
+def contrastive_step_flops(config: ST5Config, *, global_batch_size: int, lengths: Mapping[str, int],
+                           num_negatives: int = 1) -> float:
+  """Forward + backward (3x forward) FLOPs: every tower, and the [B, B(1+K)] similarity logits."""
   B = global_batch_size
-  towers = [lengths["inputs"], lengths["targets"]]
-  if "negative_targets" in lengths:
-    towers.append(lengths["negative_targets"])
+  towers = [lengths["inputs"], lengths["targets"]] + [lengths[k] for _, k in negative_lengths(lengths, num_negatives)]
   forward = sum(B * flops.encoder_forward_flops(config, L) for L in towers)
-  candidates = B * (len(towers) - 1)
+  candidates = B * (len(towers) - 1)  # B positives and B*K negatives
   forward += 2 * B * candidates * config.output_dim  # similarity logits
   return 3.0 * forward
 
@@ -110,8 +145,15 @@ class Contrastive(Objective):
   # `hard_negative_weight` added to each query's logit against its own hard negative.
   loss: str = "st5"
   hard_negative_weight: float = 0.0
+  # K: hard negatives per example the batch holds (st5_jax.features.negative_features); with
+  # a `negative_targets` length the query is scored against all B*K negatives of the batch.
+  num_negatives: int = 1
 
   def __post_init__(self):
+    if isinstance(self.num_negatives, bool) or not isinstance(self.num_negatives, int) \
+        or not 1 <= self.num_negatives <= MAX_NEGATIVES:
+      raise ObjectiveConfigError(f"Contrastive.num_negatives must be an int in 1..{MAX_NEGATIVES} (hard negatives "
+                                 f"per example), got {self.num_negatives!r}")
     if self.loss not in LOSSES:
       raise ObjectiveConfigError(f"Contrastive.loss must be one of {LOSSES}, got {self.loss!r}")
     if self.loss == "st5" and self.hard_negative_weight:
@@ -127,8 +169,9 @@ class Contrastive(Objective):
 
   def features(self, lengths: Mapping[str, int]) -> dict[str, Feature]:
     out = {LEFT: Feature("inputs"), RIGHT: Feature("targets")}
-    if "negative_targets" in lengths:
-      out[RIGHT_NEG] = Feature("negative_targets")
+    if self.num_negatives > 1:
+      lengths[NEGATIVE_TARGETS]  # noqa: B018  (KeyError: K > 1 negatives need their length)
+    out.update({model_key: Feature(k) for model_key, k in negative_lengths(lengths, self.num_negatives)})
     for f in out.values():
       lengths[f.length_key]  # noqa: B018  (KeyError: a length the data config must give)
     return out
@@ -136,18 +179,21 @@ class Contrastive(Objective):
   def make_value_and_grad(self, model, boxed_params, model_config, train_config) -> ValueAndGrad:
     embed = make_embed_fn(model, boxed_params)
     loss_kw = self.loss_kwargs()
-    chunks = train_config.grad_cache_chunks
+    chunks, K = train_config.grad_cache_chunks, self.num_negatives
 
     def loss_fn(params, batch, key):
-      emb = embed_towers(embed, params, {s: batch[s] for s in (LEFT, RIGHT, RIGHT_NEG) if s in batch}, key)
-      return losses.in_batch_softmax_loss(emb[LEFT], emb[RIGHT], emb.get(RIGHT_NEG), **loss_kw)
+      negatives = negative_sides(batch, K)
+      # Towers of one length (the K negatives, and the positives when theirs is the same) are one forward.
+      emb = embed_towers(embed, params, {s: batch[s] for s in [LEFT, RIGHT] + negatives}, key)
+      return in_batch_loss(emb, negatives, loss_kw)
 
     def value_and_grad(params, batch, key):
       if chunks > 1:
-        return grad_cache_value_and_grad(embed, params, batch, key, chunks=chunks, loss_kw=loss_kw)
+        return grad_cache_value_and_grad(embed, params, batch, key, chunks=chunks, loss_kw=loss_kw, num_negatives=K)
       return jax.value_and_grad(loss_fn, has_aux=True)(params, batch, key)
 
     return value_and_grad
 
   def step_flops(self, model_config, *, global_batch_size, lengths) -> float:
-    return contrastive_step_flops(model_config, global_batch_size=global_batch_size, lengths=lengths)
+    return contrastive_step_flops(model_config, global_batch_size=global_batch_size, lengths=lengths,
+                                  num_negatives=self.num_negatives)
