@@ -100,6 +100,60 @@ def register(subparsers) -> None:
                  help="Python module to import first, registering your tasks (repeatable)")
   p.set_defaults(run=run, accepts_extra=True)
 
+  p = sub.add_parser("mine", help="Mine K hard negatives per query (BM25 or a dense model) into training JSON lines.",
+                     description="Retrieve each query's best documents with BM25 or a dense model, drop false "
+                                 "negatives (top ranks, margins to the positive's score, texts equal to a positive "
+                                 "after normalisation) and write {query, pos, neg} JSON lines (FlagEmbedding's and "
+                                 "Tevatron's format) in parts, with manifest.json. Every process of a multi-host run "
+                                 "runs the same command and mines its parts; rerunning resumes. Train the result with "
+                                 "gin/mined_tiny_cpu.gin's task (st5_jax.data.hard_negatives_task). docs/data.md.")
+  p.add_argument("--pairs", action="append", default=[],
+                 help="(query, positive) files: JSON lines {query, pos} (pos a string or a list), TSV or CSV "
+                      "(columns 0 and 1 unless --columns); repeat or separate with commas; globs expand")
+  p.add_argument("--pairs_task", help="or a registered pair task or mixture of this project's sources (e.g. "
+                                      "st5_stage1_public_qa)")
+  p.add_argument("--split", default="train", help="split of --pairs_task (default train)")
+  p.add_argument("--columns", help="the pairs' keys or columns, e.g. query=question,pos=answer (indices for "
+                                   "headerless TSV/CSV)")
+  p.add_argument("--pairs_format", choices=["jsonl", "tsv", "csv", "tfrecord"], default=None,
+                 help="format of --pairs (default: by extension)")
+  p.add_argument("--corpus", action="append", default=[],
+                 help="candidate documents as `st5 index` reads them (BEIR corpus.jsonl, id/text JSON lines, "
+                      "id<TAB>text, one a line); default: the distinct positives of the pairs")
+  p.add_argument("--corpus_format", choices=["jsonl", "tsv", "text"], default=None, help="format of --corpus")
+  p.add_argument("--out", required=True, help="output folder, local or gs://; rerunning into it resumes")
+  p.add_argument("--method", choices=["bm25", "dense"], default="bm25", help="retrieval (default bm25)")
+  p.add_argument("--k1", type=float, default=1.5, help="BM25 term-frequency saturation (default 1.5)")
+  p.add_argument("--b", type=float, default=0.75, help="BM25 length normalisation (default 0.75)")
+  p.add_argument("--model", help="dense: the model encoding queries and positives (and the corpus unless --index)")
+  p.add_argument("--index", help="dense: an `st5 index` folder of --corpus, searched instead of building one under "
+                                 "OUT/index")
+  p.add_argument("--batch_size", type=int, default=64, help="dense: texts a device encodes per step (default 64)")
+  p.add_argument("--max_length", type=int, default=None, help="dense: token limit (default: the model's)")
+  p.add_argument("--checkpoint", choices=["auto", "latest", "best"], default="auto",
+                 help="dense: of a work dir, its latest step, its best, or auto (best when there is one)")
+  p.add_argument("--num_negatives", type=int, default=15, help="negatives kept per query (default 15; training "
+                                                               "draws its K of them every epoch)")
+  p.add_argument("--range_min", type=int, default=0, help="skip candidates ranked below this (0-based, default 0)")
+  p.add_argument("--range_max", type=int, default=100, help="candidates retrieved per query (default 100)")
+  p.add_argument("--margin", type=float, default=None,
+                 help="drop candidates scoring above (lowest positive score - margin)")
+  p.add_argument("--relative_margin", type=float, default=None,
+                 help="drop candidates scoring above p - |p| * relative_margin, p the lowest positive score")
+  p.add_argument("--keep_equal_to_positive", action="store_true",
+                 help="keep candidates that equal a positive after normalisation (NFKC, lower case, letters and "
+                      "digits; default: drop them)")
+  p.add_argument("--sampling", choices=["top", "random"], default="top",
+                 help="which survivors are kept: the best, or a seeded random draw (default top)")
+  p.add_argument("--seed", type=int, default=0, help="seed of --sampling random (default 0)")
+  p.add_argument("--shard_size", type=int, default=10_000, help="queries a part file (default 10000)")
+  p.add_argument("--with_ids", action="store_true", help="also write neg_ids (corpus ids)")
+  p.add_argument("--with_scores", action="store_true", help="also write pos_scores and neg_scores")
+  p.add_argument("--strict", action="store_true", help="stop at the first bad pair row")
+  p.add_argument("--module", action="append", default=[],
+                 help="Python module to import first, registering your tasks (repeatable)")
+  p.set_defaults(run=run)
+
 
 def split_extra(extra: list[str]) -> tuple[list[str], list[str]]:
   """(--gin.KEY=VALUE arguments, everything else) of a command's extra arguments."""
@@ -129,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
     return _overlap(args)
   if command == "cache":
     return _cache(args)
+  if command == "mine":
+    return _mine(args)
   raise ValueError(command)
 
 
@@ -283,4 +339,50 @@ def _cache(args) -> int:
             f"{s['dropped_contaminated']}, trimmed {s['trimmed']}")
   except (FileNotFoundError, ValueError, BadRowError) as e:  # DataConfigError/CacheError are ValueErrors
     raise UsageError(str(e)) from e
+  return 0
+
+
+def _mine(args) -> int:
+  # JAX, TensorFlow (normalisation) and bm25s: see _list.
+  import logging  # pylint: disable=g-import-not-at-top
+
+  from st5_jax import multihost  # pylint: disable=g-import-not-at-top
+  multihost.maybe_initialize()  # before anything starts a JAX backend (importing bm25s does)
+  from st5_jax.data.offline import mine as mine_lib  # pylint: disable=g-import-not-at-top
+  from st5_jax.data.registry import parse_columns  # pylint: disable=g-import-not-at-top
+  from st5_jax.errors import BadRowError, InputFileError  # pylint: disable=g-import-not-at-top
+  for module in args.module:
+    importlib.import_module(module)
+  if bool(args.pairs) == bool(args.pairs_task):
+    raise UsageError("pass the pairs as --pairs FILES or as --pairs_task NAME (one of them).")
+  if args.method == "bm25" and (args.model or args.index):
+    raise UsageError("--model and --index are for --method dense; BM25 needs neither.")
+  config = mine_lib.MineConfig(
+      method=args.method, num_negatives=args.num_negatives, range_min=args.range_min, range_max=args.range_max,
+      margin=args.margin, relative_margin=args.relative_margin, keep_equal_to_positive=args.keep_equal_to_positive,
+      sampling=args.sampling, seed=args.seed, k1=args.k1, b=args.b, with_ids=args.with_ids,
+      with_scores=args.with_scores)
+  logging.getLogger("bm25s").setLevel(logging.WARNING)  # its index build logs at DEBUG
+  try:
+    config.check()
+    if args.pairs:
+      pairs = mine_lib.read_pairs(args.pairs, columns=parse_columns(args.columns) if args.columns else None,
+                                  fmt=args.pairs_format, strict=args.strict)
+    else:
+      pairs = mine_lib.task_pairs(args.pairs_task, args.split)
+    corpus = (mine_lib.files_corpus(args.corpus, fmt=args.corpus_format) if args.corpus
+              else mine_lib.positives_corpus(pairs))
+    report = mine_lib.mine(pairs, corpus, args.out, config, model=args.model, index_dir=args.index,
+                           batch_size=args.batch_size, max_length=args.max_length, checkpoint=args.checkpoint,
+                           shard_size=args.shard_size, progress=lambda line: print(line, file=sys.stderr, flush=True))
+  except (FileNotFoundError, NotADirectoryError, ValueError, BadRowError, InputFileError) as e:
+    raise UsageError(str(e)) from e
+  where = f"process {report.process} of {report.processes}: " if report.processes > 1 else ""
+  print(f"st5 data mine: {where}mined {len(report.mined)} parts ({report.seconds:.1f}s), kept {len(report.skipped)} "
+        f"finished parts -> {args.out}", file=sys.stderr)
+  if report.manifest:
+    c = report.manifest["counts"]
+    print(f"{c['queries']} queries, {c['candidates']} candidates, filtered {c['filtered']}, {c['mined']} negatives "
+          f"mined, {c['short']} queries with fewer than {config.num_negatives} ({c['empty']} with none); pair rows "
+          f"skipped {report.manifest['pairs']['rows'].get('rows_skipped', 0)}")
   return 0

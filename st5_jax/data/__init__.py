@@ -26,6 +26,7 @@ _EXPORTS = {
     "batch_layout": "st5_jax.data.convert",
     "BatchLayout": "st5_jax.data.convert",
     "register_user_task": "st5_jax.data.registry",
+    "register_hard_negatives_task": "st5_jax.data.registry",
     "register_mixture": "st5_jax.data.registry",
     "DualEncoderFeatureConverter": "st5_jax.data.feature_converters",
     "T5Vocabulary": "st5_jax.data.vocabulary",

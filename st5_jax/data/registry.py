@@ -33,9 +33,10 @@ PREPROCESSORS = (
 )
 
 
-def output_features(*, negatives: bool) -> dict[str, seqio.Feature]:
+def output_features(*, negatives: bool, names: Sequence[str] | None = None) -> dict[str, seqio.Feature]:
+  """The token features of a pair or triple task (or of `names`)."""
   vocab = vocabulary.get_vocabulary()
-  names = NLI_FEATURES if negatives else QA_FEATURES
+  names = names or (NLI_FEATURES if negatives else QA_FEATURES)
   return {name: seqio.Feature(vocabulary=vocab, add_eos=True, required=True) for name in names}
 
 
@@ -43,7 +44,8 @@ def _add_task(name: str, source: sources.ExampleSource, *, negatives: bool) -> s
   if name in seqio.TaskRegistry.names():
     seqio.TaskRegistry.remove(name)
   return seqio.TaskRegistry.add(name, source=source, preprocessors=list(PREPROCESSORS),
-                                output_features=output_features(negatives=negatives), shuffle_buffer_size=10_000)
+                                output_features=output_features(negatives=negatives, names=source.features),
+                                shuffle_buffer_size=10_000)
 
 
 def register_public_task(name: str, split_builders: Mapping[str, Callable[..., builders_lib.Built]], *,
@@ -98,6 +100,58 @@ def register_user_task(name: str, *, file_pattern: str | Sequence[str] | Mapping
   features = NLI_FEATURES if negatives else QA_FEATURES
   source = sources.FileSource(name, lambda: specs, splits=tuple(specs), features=features)
   return _add_task(name, source, negatives=negatives)
+
+
+def register_hard_negatives_task(name: str, *, file_pattern: str | Sequence[str] | Mapping[str, str | Sequence[str]],
+                                 num_negatives: int, seed: int = 0,
+                                 keys: Sequence[str] = rows_lib.HARD_NEGATIVE_KEYS) -> seqio.Task:
+  """Registers (or replaces) a task over `{query, pos: [...], neg: [...]}` JSON lines with K negatives an example.
+
+  Each row yields `inputs` (the query), `targets` (one positive) and `num_negatives` = K negatives
+  (`negative_targets`, `negative_targets_1`, ..., `negative_targets_{K-1}`), drawn again every epoch and
+  deterministically (st5_jax.data.sources.HardNegativesSplit); a row with fewer than K negatives repeats some.
+  Train it with `Contrastive.num_negatives = K`.
+
+  Args:
+    name: task name.
+    file_pattern: as register_user_task's: glob(s), local or gs://, or a mapping split -> pattern(s).
+    num_negatives: K, 1..st5_jax.features.MAX_NEGATIVES.
+    seed: mixed into every draw (with the iterator's seed, the epoch and the row's place).
+    keys: the rows' query, positives and negatives keys.
+  """
+  split_files = _as_split_map(file_pattern)
+  source = sources.HardNegativesSource(name, lambda: split_files, splits=tuple(split_files),
+                                       num_negatives=num_negatives, seed=seed, keys=keys)
+  return _add_task(name, source, negatives=True)
+
+
+USER_HARD_NEGATIVES = "st5_user_hard_negatives"
+USER_HARD_NEGATIVES_ENV = "ST5_USER_HARD_NEGATIVES"
+
+
+@gin.configurable(module="st5_jax.data")
+def hard_negatives_task(name: str = USER_HARD_NEGATIVES, *, num_negatives: int, file_pattern=None, seed: int = 0,
+                        keys: Sequence[str] = rows_lib.HARD_NEGATIVE_KEYS,
+                        splits: Sequence[str] = ("train", "validation")) -> str:
+  """Registers a `{query, pos, neg}` task and returns its name: `DataConfig.task = @st5_jax.data.hard_negatives_task()`.
+
+  K (`num_negatives`) sets the task's features, so the task is registered when gin builds the run
+  (K is known then), not on import. The files are read when data is: `file_pattern` (a glob, a dict
+  split -> glob) or else $ST5_USER_HARD_NEGATIVES ('gs://b/mined/part-*.jsonl' or 'train=...;validation=...').
+  """
+
+  def resolve():
+    pattern = file_pattern or os.environ.get(USER_HARD_NEGATIVES_ENV)
+    if not pattern:
+      raise ValueError(f"Task {name} has no input files: bind st5_jax.data.hard_negatives_task.file_pattern in gin "
+                       f"(a glob, or a dict split -> glob) or set {USER_HARD_NEGATIVES_ENV}='out/part-*.jsonl' (the "
+                       "files `st5 data mine` writes).")
+    return parse_split_patterns(pattern) if isinstance(pattern, str) else _as_split_map(pattern)
+
+  source = sources.HardNegativesSource(name, resolve, splits=tuple(splits), num_negatives=num_negatives, seed=seed,
+                                       keys=keys)
+  _add_task(name, source, negatives=True)
+  return name
 
 
 # ----------------------------------------------------------------------------

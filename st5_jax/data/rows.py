@@ -345,6 +345,50 @@ def clean_text(text: Any) -> str:
   return text.strip() if isinstance(text, str) else ""
 
 
+HARD_NEGATIVE_KEYS = ("query", "pos", "neg")  # FlagEmbedding's and Tevatron's training JSON lines
+
+
+def _text_list(record: dict, key: str) -> list[str] | str:
+  """The non-empty stripped strings of a JSON list field, or a reason."""
+  if key not in record:
+    return f"missing field {key!r}"
+  value = record[key]
+  if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+    return f"field {key!r} is not a list of strings"
+  return [t for t in map(clean_text, value) if t]
+
+
+def hard_negative_values(record: dict, keys: Sequence[str] = HARD_NEGATIVE_KEYS, *,
+                         need_negatives: bool = True) -> tuple[str, list[str], list[str]] | str:
+  """(query, positives, negatives) of a `{query, pos: [...], neg: [...]}` JSON object, or a reason.
+
+  Empty strings in the lists are dropped. A row without a usable positive is bad; a row whose
+  negatives are all gone is returned with an empty list (the caller decides). With
+  `need_negatives=False` (the pairs `st5 data mine` reads) `neg` is not read and `pos` may
+  also be a single string.
+  """
+  query_key, pos_key, neg_key = keys
+  if query_key not in record:
+    return f"missing field {query_key!r}"
+  if not isinstance(record[query_key], str):
+    return f"field {query_key!r} is not a string"
+  query = clean_text(record[query_key])
+  if not query:
+    return f"empty text in field {query_key!r}"
+  if isinstance(record.get(pos_key), str) and not need_negatives:
+    positives = [t for t in [clean_text(record[pos_key])] if t]
+  else:
+    positives = _text_list(record, pos_key)
+    if isinstance(positives, str):
+      return positives
+  if not positives:
+    return f"no positive in field {pos_key!r}"
+  negatives = _text_list(record, neg_key) if need_negatives else []
+  if isinstance(negatives, str):
+    return negatives
+  return query, positives, negatives
+
+
 class RowReader:
   """Reads examples from files of one format, sharded and with bad rows counted."""
 

@@ -18,11 +18,13 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from st5_jax import features as features_lib
 from st5_jax import paths
 from st5_jax.data import builders as builders_lib
 from st5_jax.data import config, overlap
+from st5_jax.data import rows as rows_lib
 from st5_jax.data.rows import RowFormat, RowReader, RowStats
-from st5_jax.errors import InputFileError
+from st5_jax.errors import BadRowError, InputFileError
 
 PREPARED_FORMAT_VERSION = 1
 _CHUNK = 512
@@ -258,6 +260,121 @@ class FileSource(ExampleSource):
     strict = config.strict() if strict is None else strict
     reader = RowReader(patterns, fmt, strict=strict, name=self.name)
     return FileSplit(reader, description=",".join(reader.files()))
+
+  def num_input_examples(self, split: str) -> int | None:
+    return None  # unknown without reading the files
+
+
+# ----------------------------------------------------------------------------
+# Training files with several negatives per query.
+
+
+def sample_negatives(negatives: Sequence[str], k: int, rng: np.random.Generator) -> list[str]:
+  """K of the row's negatives: K distinct ones when it has K or more; otherwise every one of them (in a random
+  order) and the rest drawn again with replacement (Tevatron pads the same way)."""
+  n = len(negatives)
+  if n >= k:
+    picks = rng.choice(n, size=k, replace=False)
+  else:
+    picks = np.concatenate([rng.permutation(n), rng.integers(0, n, size=k - n)])
+  return [negatives[i] for i in picks.tolist()]
+
+
+class HardNegativesSplit(SplitReader):
+  """`{query, pos: [...], neg: [...]}` JSON lines (FlagEmbedding's, Tevatron's, `st5 data mine`'s) as examples.
+
+  Each row is one example: `inputs` the query, `targets` one of its positives and K negatives
+  (`negative_targets`, `negative_targets_1`, ... as st5_jax.features.negative_features names them),
+  drawn by `numpy.random.default_rng([seed, epoch key, file number, line])`. The epoch key is the
+  `file_order_seed` the streams derive from (iterator seed, task, epoch) when they shuffle (0 when they do
+  not), so an example's draw is a pure function of the seeds, the epoch and where the row is: the same
+  whatever the shard, the file order or the point a resumed run restarts from, and new every epoch.
+  Rows whose negatives are all missing or empty are filtered ("no negatives"); malformed rows are bad rows.
+  """
+
+  def __init__(self, file_patterns: str | Sequence[str], *, num_negatives: int, seed: int = 0,
+               keys: Sequence[str] = rows_lib.HARD_NEGATIVE_KEYS, strict: bool = False, name: str = ""):
+    negatives = [task_key for task_key, _ in features_lib.negative_features(num_negatives)]
+    self.files = rows_lib.list_files(file_patterns)  # missing or empty files fail here, in the caller's thread
+    super().__init__(features=("inputs", "targets", *negatives), description=",".join(self.files))
+    self.negative_keys = tuple(negatives)
+    self.seed, self.keys, self.strict, self.name = int(seed), tuple(keys), strict, name
+
+  def _rows(self, shard_index: int, num_shards: int, file_order_seed: int | None,
+            stats: RowStats) -> Iterator[tuple[int, int, tuple[str, list[str], list[str]]]]:
+    """(file number, line, (query, positives, negatives)) of this shard's usable rows; files and records shard as
+    RowReader's (whole files with at least as many files as shards, else record i of every file to shard i % n)."""
+    numbered = list(enumerate(self.files))
+    if len(numbered) >= num_shards:
+      mine, record_shard = numbered[shard_index::num_shards], None
+      if file_order_seed is not None and len(mine) > 1:
+        mine = [mine[i] for i in np.random.default_rng(file_order_seed).permutation(len(mine)).tolist()]
+    else:
+      mine, record_shard = numbered, (shard_index, num_shards)
+    record_index = -1
+    for number, path in mine:
+      for line, record in rows_lib.iter_jsonl_records(path):
+        record_index += 1
+        if record_shard and record_index % record_shard[1] != record_shard[0]:
+          continue
+        new = stats.is_new(path, line)
+        if new:
+          stats.rows_read += 1
+        values = record if isinstance(record, str) else rows_lib.hard_negative_values(record, self.keys)
+        if isinstance(values, str):
+          if new:
+            if self.strict:
+              raise BadRowError(f"{path}:{line}: {values} (strict mode; set strict=False to skip and count bad rows)")
+            stats.skip(f"{path}:{line}", values, kind=values.split(" (")[0])
+          continue
+        if not values[2]:
+          if new:
+            stats.filter("no negatives")
+          continue
+        yield number, line, values
+
+  def iter_examples(self, *, shard_index=0, num_shards=1, file_order_seed=None, stats=None):
+    stats = stats if stats is not None else RowStats()
+    epoch_key = 0 if file_order_seed is None else int(file_order_seed)
+    k = len(self.negative_keys)
+    for number, line, (query, positives, negatives) in self._rows(shard_index, num_shards, file_order_seed, stats):
+      rng = np.random.default_rng([self.seed, epoch_key, number, line])
+      example = {"inputs": query, "targets": positives[int(rng.integers(len(positives)))]}
+      example.update(zip(self.negative_keys, sample_negatives(negatives, k, rng)))
+      yield example
+
+  def count(self, *, shard_index=0, num_shards=1, stats=None, limit=None):
+    n = 0
+    for _ in self._rows(shard_index, num_shards, None, stats if stats is not None else RowStats()):
+      n += 1
+      if limit is not None and n > limit:
+        break
+    return n
+
+
+class HardNegativesSource(ExampleSource):
+  """Users' `{query, pos, neg}` JSON lines with K negatives per example (HardNegativesSplit).
+
+  `resolve` returns {split: file patterns}; it is called by `open`, so gin bindings and
+  environment variables set after registration still apply.
+  """
+
+  def __init__(self, name: str, resolve: Callable[[], Mapping[str, str | Sequence[str]]], *, splits: Sequence[str],
+               num_negatives: int, seed: int = 0, keys: Sequence[str] = rows_lib.HARD_NEGATIVE_KEYS):
+    negatives = [task_key for task_key, _ in features_lib.negative_features(num_negatives)]
+    super().__init__(splits=splits, features=("inputs", "targets", *negatives))
+    self.name = name
+    self.num_negatives, self.seed, self.keys = num_negatives, seed, tuple(keys)
+    self._resolve = resolve
+
+  def open(self, split, *, data_dir=None, strict=None):
+    del data_dir  # users' patterns are absolute, gs://, or relative to the working directory
+    specs = self._resolve()
+    if split not in specs:
+      raise ValueError(f"Task {self.name} has no files for split {split!r}; configured splits: {sorted(specs)}.")
+    strict = config.strict() if strict is None else strict
+    return HardNegativesSplit(specs[split], num_negatives=self.num_negatives, seed=self.seed, keys=self.keys,
+                              strict=strict, name=self.name)
 
   def num_input_examples(self, split: str) -> int | None:
     return None  # unknown without reading the files
