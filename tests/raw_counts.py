@@ -15,7 +15,11 @@ import json
 import re
 import xml.etree.ElementTree as ET
 
-TRECQA_SPLITS = ("train", "dev", "test")
+# The splits training reads: test splits are evaluation-only (the retrieval sets read them).
+TRECQA_SPLITS = ("train", "dev")
+WIKIQA_SPLITS = ("train",)
+CQA2015_SPLITS = ("devel", "trial")
+CQA2016_SPLITS = {"A": ("VAL",), "C": ("VAL",), "B": ("TRAIN", "VAL")}
 
 
 def _norm(text: str) -> str:
@@ -30,7 +34,7 @@ def _dict_rows(path, **kw) -> list[dict[str, str]]:
 
 @functools.cache
 def trecqa(data_dir) -> dict[str, int]:
-  """rows (all splits), positives (label 1), distinct positive (question, answer) pairs."""
+  """rows (training splits), positives (label 1), distinct positive (question, answer) pairs."""
   rows = [r for s in TRECQA_SPLITS for r in _dict_rows(f"{data_dir}/qa_pairs/trecqa_wang/{s}.csv")]
   positives = [(r["qtext"], r["atext"]) for r in rows if r["label"] == "1"]
   return {"rows": len(rows), "positives": len(positives),
@@ -42,7 +46,7 @@ def wikiqa(data_dir) -> dict[str, int]:
   """WikiQA: tab-separated, header line, the label is the last field in both layouts (7 and 5 columns)."""
   out = {"rows": 0, "positives": 0}
   pairs = set()
-  for split in ("train", "test"):
+  for split in WIKIQA_SPLITS:
     with open(f"{data_dir}/qa_pairs/wikiqa/WikiQA-{split}.tsv", encoding="utf-8", newline="") as f:
       lines = f.read().split("\n")[1:]
     records = [line.rstrip("\r").split("\t") for line in lines if line.strip()]
@@ -61,7 +65,7 @@ def qatar_living(data_dir) -> dict[str, int]:
   out = collections.Counter()
   good_pairs = set()
   letters = lambda t: re.sub(r"[\W_]+", "", (t or "").lower())  # noqa: E731
-  for split in ("devel", "test", "trial"):
+  for split in CQA2015_SPLITS:
     root = ET.parse(f"{data_dir}/semeval2015_task3_cqa/CQA-QL-{split}.xml").getroot()
     for question in root.iter("Question"):
       body = question.findtext("QBody") or question.findtext("Full_Question")
@@ -71,7 +75,7 @@ def qatar_living(data_dir) -> dict[str, int]:
           out["good"] += 1
           good_pairs.add((letters(body), letters(comment.findtext("CBody") or comment.findtext("Body"))))
   for task, target in (("A", "answer"), ("C", "answer"), ("B", "rel_question")):
-    for split in (("TRAIN", "VAL", "TEST") if task == "B" else ("VAL", "TEST")):
+    for split in CQA2016_SPLITS[task]:
       rows = _dict_rows(f"{data_dir}/semeval2016_task3_cqa_cleaned/Subtask_{task}_{split}-BASE.csv")
       if task == "B":
         out["match_rows"] += len(rows)

@@ -26,14 +26,17 @@ def test_trecqa_counts(data_dir):
     path = data_dir / "qa_pairs" / "trecqa_wang" / f"{s}.csv"
     with open(path, newline="", encoding="utf-8") as f:
       rows[s] = sum(1 for _ in csv.DictReader(f))
-    positives += _positives_csv(path, ("qtext", "atext"))
+    if s in raw_counts.TRECQA_SPLITS:  # test is evaluation-only (the TREC-QA retrieval set)
+      positives += _positives_csv(path, ("qtext", "atext"))
   assert rows == {"train": 4718, "dev": 1148, "test": 1517}  # DATA.md
-  assert stats.rows_read == sum(rows.values()) and stats.rows_skipped == 0
-  assert len(positives) == 854
+  assert built.inputs == [f"qa_pairs/trecqa_wang/{s}.csv" for s in ("train", "dev")]
+  assert stats.rows_read == rows["train"] + rows["dev"] == raw_counts.trecqa(data_dir)["rows"]
+  assert stats.rows_skipped == 0
+  assert len(positives) == 570 == raw_counts.trecqa(data_dir)["positives"]  # 854 with test (284 there)
   # One pair is listed twice (differing only in case/spacing): counted here with our own
   # normalisation (lower case, whitespace runs collapsed), not the builder's key.
   norm = lambda t: " ".join(t.lower().split())  # noqa: E731
-  assert len(built.examples) == len({(norm(q), norm(a)) for q, a in positives}) == 853
+  assert len(built.examples) == len({(norm(q), norm(a)) for q, a in positives}) == 569  # 853 with test
   assert stats.filtered_by_reason["duplicate pair"] == 1
 
 
@@ -41,11 +44,13 @@ def test_wikiqa_counts_both_layouts(data_dir):
   stats = RowStats()
   built = builders.build_wikiqa(data_dir, stats=stats)
   raw = raw_counts.wikiqa(data_dir)
-  assert stats.rows_read == raw["rows"] == 20360 + 6165  # DATA.md: train 20,360 rows, test 6,165
+  # DATA.md: train 20,360 rows, test 6,165; test is evaluation-only (the WikiQA retrieval set).
+  assert built.inputs == ["qa_pairs/wikiqa/WikiQA-train.tsv"]
+  assert stats.rows_read == raw["rows"] == 20360
   assert stats.rows_skipped == 0  # the 13 train rows with DocumentID/Title columns are the original layout
   by_file = collections.Counter(ex["source"].split(":")[0].rsplit("/", 1)[1] for ex in built.examples)
-  assert by_file == {"WikiQA-train.tsv": raw["train_positives"], "WikiQA-test.tsv": raw["test_positives"]}
-  assert by_file == {"WikiQA-train.tsv": 1040, "WikiQA-test.tsv": 293}  # DATA.md: 1,040 train positives
+  assert by_file == {"WikiQA-train.tsv": raw["train_positives"]}
+  assert by_file == {"WikiQA-train.tsv": 1040}  # DATA.md: 1,040 train positives
   assert len(built.examples) == raw["distinct_positives"]  # no duplicate positives in WikiQA
   leeroy = [ex for ex in built.examples if ex["inputs"] == "what does leeroy jenkins mean"]
   assert len(leeroy) == 1 and leeroy[0]["targets"].startswith("Leeroy Jenkins, sometimes misspelled")
@@ -85,24 +90,27 @@ def test_sentence_splitter():
 def test_qatar_living_counts(data_dir):
   stats = RowStats()
   good = builders.build_qatar_living_good(data_dir, stats=stats)
-  # 2015 XML: dev 1645 + test 1976 + trial 588 comments; 2016 A val/test 4950 + 6840; C val/test 5000 + 7000.
-  assert stats.rows_read == 1645 + 1976 + 588 + 4950 + 6840 + 5000 + 7000
+  # Training splits only (the test splits are evaluation-only: SemEval2016-B reads subtask B TEST).
+  # 2015 XML: dev 1645 + trial 588 comments (test 1976 not read); 2016 A val 4950, C val 5000 (tests 6840, 7000).
+  assert not any("TEST" in f or "test" in f for f in good.inputs)
+  assert stats.rows_read == 1645 + 588 + 4950 + 5000
   raw = raw_counts.qatar_living(data_dir)
   assert stats.rows_read == raw["comments"]
   assert stats.rows_skipped == 0
   labels = stats.filtered_by_reason
-  goods_2015 = 875 + 997 + 275  # CGOLD=Good in dev/test, ANNOTATION=good in trial
-  goods_2016 = 1825 + 2664 + 345 + 654
+  goods_2015 = 875 + 275  # CGOLD=Good in dev, ANNOTATION=good in trial (997 in test)
+  goods_2016 = 1825 + 345  # A val, C val (2664 in A test, 654 in C test)
   assert len(good.examples) + labels["duplicate pair"] == goods_2015 + goods_2016
   assert goods_2015 + goods_2016 == raw["good"]
-  assert len(good.examples) == 6483
-  # The builder's duplicate key keeps punctuation; a letters-and-digits-only key merges 7 more
+  assert len(good.examples) == 3033  # 6483 with the test splits
+  # The builder's duplicate key keeps punctuation; a letters-and-digits-only key merges 2 more
   # pairs (docs/data.md, "How the counts were checked"): the count lies between the two.
   assert raw["distinct_good_letters_only"] <= len(good.examples) <= raw["good"]
-  assert raw["good"] - len(good.examples) == labels["duplicate pair"] == 1152
+  assert raw["good"] - len(good.examples) == labels["duplicate pair"] == 287  # 1152 with the test splits
   stats = RowStats()
   match = builders.build_qatar_living_perfect_match(data_dir, stats=stats)
-  assert stats.rows_read == 1958 + 495 + 684 and len(match.examples) == 175 + 59 + 81
+  # Subtask B TRAIN 1958 + VAL 495 rows, 175 + 59 PerfectMatch (TEST's 684 rows, 81 PerfectMatch not read).
+  assert stats.rows_read == 1958 + 495 and len(match.examples) == 175 + 59
   assert (stats.rows_read, len(match.examples)) == (raw["match_rows"], raw["perfect_match"])
 
 

@@ -67,7 +67,8 @@ def test_same_seed_same_batches_other_seed_differs(data_dir):
 
 
 def test_resume_mid_epoch_and_across_epochs_is_exact(data_dir):
-  # TREC-QA has 853 pairs: at batch 64 an epoch is 13.3 batches, so step 20 is in epoch 1.
+  # TREC-QA has 569 pairs (train + dev): at batch 64 an epoch is 8.9 batches, so step 3 is in epoch 0 and
+  # steps 20-24 (1,280-1,536 examples) in epoch 2.
   kw = dict(task=tasks.TRECQA, feature_lengths=QA_LENGTHS, batch_size=64, seed=7)
   it = make_local_iterator(**kw)
   _take(it, 3)
@@ -87,12 +88,13 @@ def test_resume_mid_epoch_and_across_epochs_is_exact(data_dir):
   resumed = make_local_iterator(**kw)
   resumed.set_state(state_20)
   _assert_same(_take(resumed, 4), ref_21_to_24)
-  assert resumed.stats["tasks"][tasks.TRECQA]["epoch"] == 1
+  assert resumed.stats["tasks"][tasks.TRECQA]["epoch"] == 2
 
 
 def test_epochs_are_reshuffled_permutations(data_dir):
+  assert raw_counts.qatar_living(data_dir)["perfect_match"] == 234 == 9 * 26
   it = make_local_iterator(task=tasks.QATAR_LIVING_PERFECT_MATCH, feature_lengths=QA_LENGTHS,
-                                    batch_size=35, seed=1)  # 315 pairs = 9 batches per epoch
+                                    batch_size=26, seed=1)  # 234 pairs = 9 batches per epoch
   epoch0 = _rows(_take(it, 9), "left_encoder_input_tokens")
   epoch1 = _rows(_take(it, 9), "left_encoder_input_tokens")
   assert collections.Counter(epoch0) == collections.Counter(epoch1)
@@ -112,9 +114,9 @@ def test_mixture_resume_and_proportions(data_dir):
   sizes = {t: it.stats["tasks"][t]["examples_consumed"] for t in tasks.STAGE1_PUBLIC_TASKS}
   total = sum(sizes.values())
   assert total == 10 * 32
-  # Task sizes from the raw files (tests/raw_counts.py); Qatar Living Good's 6483 is bounded there
+  # Task sizes from the raw files (tests/raw_counts.py); Qatar Living Good's 3033 is bounded there
   # and checked against the builder in test_data_builders.py::test_qatar_living_counts.
-  n = {tasks.QATAR_LIVING_GOOD: 6483,
+  n = {tasks.QATAR_LIVING_GOOD: 3033,
        tasks.QATAR_LIVING_PERFECT_MATCH: raw_counts.qatar_living(data_dir)["perfect_match"],
        tasks.TRECQA: raw_counts.trecqa(data_dir)["distinct_positives"],
        tasks.WIKIQA: raw_counts.wikiqa(data_dir)["distinct_positives"]}
@@ -296,7 +298,7 @@ def test_truncation_keeps_eos_and_pads(data_dir):
 def test_repeat_false_one_epoch(data_dir):
   it = make_local_iterator(task=tasks.QATAR_LIVING_PERFECT_MATCH, feature_lengths=QA_LENGTHS,
                                     batch_size=100, repeat=False)
-  assert len(list(it)) == 3  # 315 pairs, last partial batch of 15 dropped
+  assert len(list(it)) == 2  # 234 pairs (subtask B TRAIN + VAL), last partial batch of 34 dropped
 
 
 def test_gin_data_config_is_the_entry_point(data_dir):

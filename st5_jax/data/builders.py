@@ -44,8 +44,12 @@ SNLI_TRIPLES_FILE = "nli/snli_devtest_triples_derived.csv"
 SNLI_SENTEVAL_DIR = "nli/snli_senteval_devtest"
 SIMCSE_NLI_FILE = "nli/nli_for_simcse.csv"
 
+# An example's texts that decontamination (st5_jax.data.overlap) checks besides its features: a forum
+# question's body when the example holds subject + body and an evaluation set holds the body alone.
+DECONTAMINATION_TEXTS = "decontamination_texts"
+
 # Bump when a builder's output changes, so `st5 data prepare` rebuilds prepared files.
-BUILDERS_VERSION = 3  # 3: test splits left out of training
+BUILDERS_VERSION = 4  # 3: test splits left out of training; 4: question bodies checked in decontamination
 NLI_LABELS = ("entailment", "neutral", "contradiction")
 SIMCSE_COLUMNS = {"inputs": "sent0", "targets": "sent1", "negative_targets": "hard_neg"}
 
@@ -187,8 +191,8 @@ def _question_text(subject: str, body: str) -> str:
   return f"{subject} {body}"
 
 
-def _iter_cqa2015(path: str, stats: RowStats, strict: bool) -> Iterator[tuple[str, str, str, str]]:
-  """(question, comment, label, where) for every comment of a SemEval-2015 XML file."""
+def _iter_cqa2015(path: str, stats: RowStats, strict: bool) -> Iterator[tuple[str, str, str, str, str]]:
+  """(question, its body alone, comment, label, where) for every comment of a SemEval-2015 XML file."""
   try:
     root = ET.fromstring(paths.read_bytes(path))
   except ET.ParseError as e:
@@ -197,9 +201,11 @@ def _iter_cqa2015(path: str, stats: RowStats, strict: bool) -> Iterator[tuple[st
     if question.find("QSubject") is not None or question.find("QBody") is not None:
       version = "v2"
       q_text = _question_text(question.findtext("QSubject"), question.findtext("QBody"))
+      q_body = _squash(question.findtext("QBody"))
     else:
       version = "v1"  # the 2014 trial format
       q_text = _question_text(question.findtext("Short_Question"), question.findtext("Full_Question"))
+      q_body = _squash(question.findtext("Full_Question"))
     for comment in question.iter("Comment"):
       cid = comment.get("CID", "?")
       where = f"{path}:{cid}"
@@ -214,7 +220,7 @@ def _iter_cqa2015(path: str, stats: RowStats, strict: bool) -> Iterator[tuple[st
       if not q_text or not c_text:
         _bad(stats, strict, where, "empty text", kind="empty text")
         continue
-      yield q_text, c_text, label, where
+      yield q_text, q_body, c_text, label, where
 
 
 def _cqa2016_reader(path: str, subtask: str, strict: bool) -> RowReader:
@@ -233,6 +239,10 @@ def _iter_cqa2016(path: str, subtask: str, stats: RowStats, strict: bool) -> Ite
     body = clean_cqa_text(ex["inputs"])
     # Subtask B's subject column glues both questions' subjects: use the body alone.
     ex["inputs"] = body if subtask == "B" else _question_text(subject, body)
+    if ex["inputs"] != body and body:
+      # Subtasks A/C VAL hold subtask B VAL's questions (and B TEST's related ones) as subject + body, the
+      # retrieval sets the bodies alone: decontamination checks the body too (st5_jax.data.overlap.ALSO_CHECKED).
+      ex[DECONTAMINATION_TEXTS] = [body]
     ex["targets"] = clean_cqa_text(ex["targets"])
     if not ex["inputs"] or not ex["targets"]:
       _bad(stats, strict, ex["source"], "empty text after removing quote artefacts", kind="empty text")
@@ -255,9 +265,12 @@ def build_qatar_living_good(data_dir, *, stats: RowStats, strict: bool = False) 
   examples = []
   for rel in CQA2015_FILES:
     path = _path(data_dir, rel)
-    for q_text, c_text, label, where in _iter_cqa2015(path, stats, strict):
+    for q_text, q_body, c_text, label, where in _iter_cqa2015(path, stats, strict):
       if label == "good":
-        examples.append({"inputs": q_text, "targets": c_text, "source": where})
+        ex = {"inputs": q_text, "targets": c_text, "source": where}
+        if q_body and q_body != q_text:  # SemEval-2016 B holds some of these questions' bodies alone
+          ex[DECONTAMINATION_TEXTS] = [q_body]
+        examples.append(ex)
       else:
         stats.filter(f"label {label}")
   for rel in CQA2016_GOOD_FILES:

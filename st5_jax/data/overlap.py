@@ -30,11 +30,12 @@ from typing import Mapping, Sequence
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from st5_jax.data import builders
 from st5_jax.evaluation import sets as eval_sets
 
 log = logging.getLogger("st5_jax.data")
 # Bump when what counts as overlap changes (prepared files are then rebuilt).
-DECONTAMINATION_VERSION = 2  # 2: the retrieval sets' queries and relevant texts joined the index
+DECONTAMINATION_VERSION = 3  # 2: the retrieval sets joined the index; 3: ALSO_CHECKED texts
 _WORD = re.compile(r"[^\W_]+")
 
 
@@ -94,15 +95,22 @@ def first_hit(index: Mapping[str, str], texts: Sequence[str]) -> str | None:
   return next((index[n] for n in map(normalize, texts) if n in index), None)
 
 
+# An example's texts checked too though no feature holds them alone (st5_jax.data.builders: a forum
+# question's body, when the example's question is subject + body and SemEval-2016 B holds the body).
+ALSO_CHECKED = builders.DECONTAMINATION_TEXTS
+
+
 def decontaminate(examples: list[dict[str, str]], features: Sequence[str], *, data_dir: str,
                   stats) -> tuple[list[dict[str, str]], tuple[str, ...]]:
   """Drops examples with a text in any evaluation set found under `data_dir`; counts them in
-  `stats` by set. Returns the kept examples and the evaluation sets whose files are missing."""
+  `stats` by set. Returns the kept examples and the evaluation sets whose files are missing.
+
+  The texts checked are the example's `features` and its ALSO_CHECKED list, if it has one."""
   index = evaluation_index(str(data_dir))
   missing = missing_evaluation_sets(data_dir)
   kept = []
   for ex in examples:
-    hit = first_hit(index, [ex[f] for f in features])
+    hit = first_hit(index, [ex[f] for f in features] + list(ex.get(ALSO_CHECKED, ())))
     if hit is None:
       kept.append(ex)
     else:

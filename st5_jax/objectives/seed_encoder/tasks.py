@@ -114,7 +114,10 @@ def build_qa_text(data_dir, *, stats: RowStats, strict: bool = False) -> builder
           stats.filter("duplicate text")
           continue
         seen.add(key)
-        examples.append({TEXT_FEATURE: text, "source": f"{ex['source']}#{feature}"})
+        row = {TEXT_FEATURE: text, "source": f"{ex['source']}#{feature}"}
+        if feature == "inputs" and builders_lib.DECONTAMINATION_TEXTS in ex:  # a question's body, checked too
+          row[builders_lib.DECONTAMINATION_TEXTS] = ex[builders_lib.DECONTAMINATION_TEXTS]
+        examples.append(row)
   for rel in builders_lib.SQUAD_TRAIN_FILES:  # only when present: SQuAD dev is an evaluation source
     path = paths.join(data_dir, rel)
     if not paths.exists(path):
