@@ -26,6 +26,7 @@ from st5_jax.data import config as data_config
 # exist before a file is parsed; the objectives' task modules (seed_user_text, ...) are
 # imported by `register`.
 from st5_jax.data import registry as _registry  # noqa: F401
+from st5_jax.retrieval import refresh as refresh_lib
 
 _REGISTERED = False
 
@@ -56,6 +57,7 @@ def register() -> None:
   gin.external_configurable(train.TrainConfig, "TrainConfig")
   gin.external_configurable(train.DataConfig, "DataConfig")
   gin.external_configurable(hooks_lib.EarlyStopping, "EarlyStopping")
+  gin.external_configurable(refresh_lib.NegativesRefresh, "NegativesRefresh")
   # Every registered objective, by its class name: TrainConfig.objective = @ConsertJoint().
   for cls in objectives.REGISTRY.values():
     gin.external_configurable(cls, cls.__name__)
@@ -80,6 +82,8 @@ class RunSpec:
   # What the run is sized for, e.g. {"slice": "v4-256", "topology": "v4:4x4x8",
   # "chip_hbm_gib": 32}; read by `st5 aot` and the docs, not by the trainer.
   target: dict[str, Any] | None
+  # ANCE-style negatives mined again from the model in training: run.negatives_refresh = @NegativesRefresh().
+  negatives_refresh: refresh_lib.NegativesRefresh | None = None
 
 
 class GinConfigError(ValueError):
@@ -303,7 +307,8 @@ def _type_name(hint: Any) -> str:
   return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
-_CHECKED = {"train_config": "TrainConfig", "mesh": "MeshConfig", "data": "DataConfig"}
+_CHECKED = {"train_config": "TrainConfig", "mesh": "MeshConfig", "data": "DataConfig",
+            "negatives_refresh": "NegativesRefresh"}
 
 
 @gin.configurable("run")
@@ -311,14 +316,16 @@ def _run_spec(*, model: configs.ST5Config = gin.REQUIRED, train_config: train.Tr
              data: Any = gin.REQUIRED, mesh: partitioning.MeshConfig = partitioning.MeshConfig(),
              init_from: str | None = None, init_projection: str = "auto", vocab: str | None = None,
              eval_data_dir: str | None = None, rules: Any = partitioning.DEFAULT_RULES,
-             target: dict[str, Any] | None = None) -> RunSpec:
+             target: dict[str, Any] | None = None,
+             negatives_refresh: refresh_lib.NegativesRefresh | None = None) -> RunSpec:
   """The run's configuration, as bound by gin (`run.model = @st5_model()`, ...)."""
   if eval_data_dir is not None:  # a second way to set the data folder, removed 2026-12
     raise GinConfigError(f"{_where('run', 'eval_data_dir')}: run.eval_data_dir is no longer read: bind "
                          f"{data_config.GIN_DATA_DIR} = {eval_data_dir!r} (or set {paths.DATA_DIR_ENV}); the "
                          "evaluation sets, the public tasks and the vocabulary are read from that one folder")
   spec = RunSpec(model=model, train_config=train_config, data=data, mesh=mesh, init_from=init_from,
-                 init_projection=init_projection, vocab=vocab, rules=rules, target=target)
+                 init_projection=init_projection, vocab=vocab, rules=rules, target=target,
+                 negatives_refresh=negatives_refresh)
   return spec
 
 
@@ -354,4 +361,5 @@ def train_from_gin(*, workdir: str, progress: bool = True) -> train.TrainResult:
   return train.train(workdir=workdir, model_config=spec.model, train_config=spec.train_config,
                      make_iterator=spec.data, mesh_config=spec.mesh, init_from=spec.init_from,
                      init_projection=spec.init_projection, vocab_file=vocab_file, eval_data_dir=eval_data_dir,
-                     rules=spec.rules, progress=progress, run_info={"target": spec.target} if spec.target else None)
+                     rules=spec.rules, progress=progress, run_info={"target": spec.target} if spec.target else None,
+                     hooks=[spec.negatives_refresh.hook(spec.data)] if spec.negatives_refresh else [])

@@ -8,8 +8,10 @@ in the order they were added; the trainer adds them as: NaN-guard bookkeeping,
 throughput, metrics (guard first, so a poisoned step is never logged as good),
 progress, periodic evaluation, the caller's hooks (`train(..., hooks=[Hook(...)])`),
 checkpoint. A caller's hook may replace the batch stream (`info.stream.replace(it)`: the
-next step reads the new one) and keep state of its own in every checkpoint (`name`,
-`state_dict`, `load_state_dict`), which is what a negatives refresh needs to resume.
+next step reads the new one), keep state of its own in every checkpoint (`name`,
+`state_dict`, `load_state_dict`) and be handed the run's context once before the loop
+(`start`: the work dir, the objective's towers, the vocabulary), which is what a negatives
+refresh needs (st5_jax/retrieval/refresh.py).
 """
 
 from __future__ import annotations
@@ -18,15 +20,28 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import jax
+from jax.sharding import Mesh
 
 log = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(RuntimeError):
   pass
+
+
+class BatchIterator(Protocol):
+  """What the trainer needs from a data pipeline (st5_jax.data provides one)."""
+
+  def __next__(self) -> dict[str, jax.Array]: ...
+  def get_state(self) -> dict[str, Any]: ...
+  def set_state(self, state: Mapping[str, Any]) -> None: ...
+
+
+# (mesh, global_batch_size, seed) -> iterator of global batches sharded on the batch axes.
+IteratorFactory = Callable[[Mesh, int, int], BatchIterator]
 
 
 class Stream:
@@ -71,12 +86,26 @@ class StepInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class RunContext:
+  """What the trainer hands a caller's hook once, before the loop (`Hook.start`)."""
+
+  workdir: Any  # an epath.Path, local or gs://
+  setup: Any  # train.Setup: the mesh, the objective, the boxed parameters and their shardings
+  model_config: Any  # configs.ST5Config
+  vocab_file: str
+  rules: Any  # the logical-axis rules the step runs with
+  num_train_steps: int
+  stream: Stream
+
+
+@dataclasses.dataclass(frozen=True)
 class Hook:
   """`fn(info)` at multiples of any of `every` (0 or negative: never), and on the last step with `at_end`.
 
   A hook with state names itself: `state_dict()` is saved with every checkpoint (under
   meta["hooks"][name]) and `load_state_dict(state, stream)` gets it back, with the batch
-  stream, when a run resumes -- before the stream's data state is restored.
+  stream, when a run resumes -- before the stream's data state is restored. `start(context)`
+  runs once per invocation, after the stream is made and before any `load_state_dict`.
   """
 
   fn: Callable[[StepInfo], None]
@@ -85,6 +114,7 @@ class Hook:
   name: str | None = None
   state_dict: Callable[[], Mapping[str, Any]] | None = None
   load_state_dict: Callable[[Mapping[str, Any], Stream], None] | None = None
+  start: Callable[[RunContext], None] | None = None
 
   def __post_init__(self):
     object.__setattr__(self, "every", (self.every,) if isinstance(self.every, int) else tuple(self.every))
@@ -114,6 +144,11 @@ class Hooks:
   def state_dict(self) -> dict[str, Any]:
     """The state of every hook that keeps one, by name (saved in the checkpoint's metadata)."""
     return {h.name: dict(h.state_dict()) for h in self.hooks if h.state_dict is not None}
+
+  def start(self, context: RunContext) -> None:
+    for h in self.hooks:
+      if h.start is not None:
+        h.start(context)
 
   def load_state_dict(self, states: Mapping[str, Any], stream: Stream) -> None:
     """Hands each stateful hook its saved state; a hook the checkpoint does not know starts fresh."""

@@ -24,7 +24,7 @@ import logging
 import os
 import signal
 import time
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import flax
 import flax.linen as nn
@@ -41,23 +41,12 @@ from st5_jax.checkpoints import native, storage
 from st5_jax.checkpoints.state import BestSaver, restore_latest_good, save_state
 from st5_jax.configs import ST5Config
 from st5_jax.evaluation import in_training
+from st5_jax.hooks import BatchIterator, IteratorFactory  # the trainer's data interface (st5_jax.hooks owns it)
 from st5_jax.metric_writer import MetricWriter
 from st5_jax.objectives.base import Objective, ValueAndGrad, rebox
 from st5_jax.optim import AdamWConfig, OptimizerConfig
 
 log = logging.getLogger(__name__)
-
-
-class BatchIterator(Protocol):
-  """What the trainer needs from a data pipeline (st5_jax.data provides one)."""
-
-  def __next__(self) -> dict[str, jax.Array]: ...
-  def get_state(self) -> dict[str, Any]: ...
-  def set_state(self, state: Mapping[str, Any]) -> None: ...
-
-
-# (mesh, global_batch_size, seed) -> iterator of global batches sharded on the batch axes.
-IteratorFactory = Callable[[Mesh, int, int], BatchIterator]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,6 +227,20 @@ class TrainResult:
   interrupted_by: str | None
   summary: dict[str, Any]
 
+def tower_encode(setup: Setup, model_config: ST5Config, side: str, rules=partitioning.DEFAULT_RULES
+                 ) -> tuple[Callable[[Any, jax.Array], jax.Array], tuple[str, ...]]:
+  """(encode(params, tokens_BxL) -> emb_BxD, the parameter keys it reads): the objective's inference tower of
+  `side` ("query" / "document"), its parameters re-boxed as in the step (for a ShardedEncoder on the run's mesh)."""
+  tower = setup.objective.inference_towers(model_config)[side]
+  boxed = {k: setup.boxed_params[k] for k in tower.param_keys}
+
+  def encode(params, tokens_BxL):
+    with partitioning.with_rules(rules):
+      return tower.module.apply({"params": rebox(boxed, params)}, tokens_BxL)
+
+  return encode, tuple(tower.param_keys)
+
+
 def make_dev_eval(setup: Setup, model_config: ST5Config, *, data_dir: str | None, vocab_file: str,
                   metrics: Sequence[str] = (in_training.STSB_DEV,), rules=partitioning.DEFAULT_RULES,
                   batch_size: int = 128) -> Callable[[Any], dict[str, float] | None]:
@@ -249,14 +252,8 @@ def make_dev_eval(setup: Setup, model_config: ST5Config, *, data_dir: str | None
   """
   if not data_dir:
     return lambda params: None
-  tower = setup.objective.inference_towers(model_config)["query"]
-  boxed = {k: setup.boxed_params[k] for k in tower.param_keys}
-
-  def encode(params, tokens_BxL):
-    with partitioning.with_rules(rules):
-      return tower.module.apply({"params": rebox(boxed, params)}, tokens_BxL)
-
-  return in_training.dev_evaluator(encode, param_keys=tower.param_keys, max_length=model_config.max_length,
+  encode, param_keys = tower_encode(setup, model_config, "query", rules)
+  return in_training.dev_evaluator(encode, param_keys=param_keys, max_length=model_config.max_length,
                                    mesh=setup.mesh, param_shardings=setup.state_shardings.params,
                                    vocab_file=vocab_file, batch_size=batch_size, metrics=metrics, data_dir=data_dir)
 
@@ -277,7 +274,8 @@ def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: 
   stop_after_steps: stop (with a checkpoint) after this many steps of this invocation;
     for tests and time-boxed jobs. The schedule still follows num_train_steps.
   hooks: the caller's own (st5_jax.hooks.Hook), run after the evaluation and before the
-    checkpoint of each step; one may replace the batch stream and keep state in the checkpoint.
+    checkpoint of each step; one may replace the batch stream and keep state in the checkpoint;
+    `Hook.start` gets the run's context (st5_jax.hooks.RunContext) once, before any resume.
 
   A work dir that stops taking writes (disk full, permissions) raises WorkdirWriteError
   naming the path and the free space; committed checkpoints stay intact for a rerun.
@@ -344,6 +342,8 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
       restored = restore_latest_good(mngr, setup)
       stream = hooks_lib.Stream(make_iterator(mesh, tc.global_batch_size, tc.seed), mesh=mesh,
                                 global_batch_size=tc.global_batch_size, seed=tc.seed)
+      caller_hooks.start(hooks_lib.RunContext(workdir, setup, model_config, vocab_file, rules, tc.num_train_steps,
+                                              stream))
       keeper = None
       if tc.early_stopping is not None:
         keeper = hooks_lib.BestKeeper(tc.early_stopping, BestSaver(workdir, model_config, vocab_file),
