@@ -30,7 +30,8 @@ def full_run(data_dir):
 def test_whole_suite_runs_and_encodes_each_text_once(full_run):
   encoder, res = full_run
   assert list(res["tasks"]) == SUITES["all"]
-  assert encoder.calls == res["meta"]["n_texts"]  # one encode per distinct text, for all tasks
+  # One encode per distinct text, for all tasks (retrieval sets' corpora included).
+  assert encoder.calls == res["meta"]["n_texts"]
   for name, task in res["tasks"].items():
     if task["suite"] == "geometry":
       assert 0 <= task["alignment"] <= 4 and -4 <= task["uniformity"] <= 0
@@ -71,7 +72,8 @@ def test_resolve_tasks():
   assert resolve_tasks("sts") == SUITES["sts"]
   assert resolve_tasks("STS-B, sick-r,MR,mr") == ["STSBenchmark", "SICKRelatedness", "MR"]
   assert resolve_tasks(["geometry", "transfer"]) == ["AlignUniform"] + SUITES["transfer"]
-  assert set(resolve_tasks("all")) == set(TASKS) - {"STSBenchmarkDev"}
+  assert set(resolve_tasks("all")) == set(TASKS) - {"STSBenchmarkDev", "TREC-QA-dev", "SemEval2016-B-dev"}
+  assert resolve_tasks("dev") == ["STSBenchmarkDev", "TREC-QA-dev", "SemEval2016-B-dev"]
   with pytest.raises(ValueError, match="unknown task"):
     resolve_tasks("sts,nope")
 

@@ -39,7 +39,15 @@ TEXTS = {
     "SentGLUE-RTE": (5534, "b086481e35290f3b"),
     "SentGLUE-QNLI": (10926, "0810305da847362d"),
     "AlignUniform": (2551, "90f1b5577da25c29"),
+    # The retrieval sets (queries, then each relevant document once), pinned with the code of d54166e.
+    "ReQA-SQuAD": (17489, "c55bd905c03d6300"),
+    "SQuAD-paragraphs": (12637, "19dd3fbbe009f73e"),
+    "SemEval2016-B": (282, "7a0e5fb1bcb756e0"),
+    "WikiQA": (535, "54634a613a51a663"),
+    "TREC-QA": (354, "70a6697b8eb0b813"),
     "STSBenchmarkDev": (3000, "49a8f4332d2a8ece"),
+    "TREC-QA-dev": (276, "608b8a1780048d7e"),
+    "SemEval2016-B-dev": (244, "024a2c30107e4d1a"),
 }
 
 

@@ -307,7 +307,7 @@ def test_command_line_builds_the_plan_and_passes_its_options(tmp_path, base_gin,
 
   monkeypatch.setattr(sweep, "run_sweep", fake_run_sweep)
   argv = ["sweep", "--gin_file", base_gin, "--arms", str(arms), "--grid", "OptimizerConfig.learning_rate=1e-2,1e-3",
-          "--seeds", "3", "--tasks", "STS12,sts13", "--select", "dev", "--out", str(tmp_path / "o"),
+          "--seeds", "3", "--tasks", "STS12,sts13", "--select", "stsbenchmarkdev", "--out", str(tmp_path / "o"),
           "--only", "mean+learning_rate=1e-3,first+learning_rate=1e-2", "--seed_index", "2", "--max_runs", "5",
           "--data_dir", "dd",
           "--kfold", "4", "--batch_size", "32", "--checkpoint", "latest", "--no_progress",
@@ -330,6 +330,7 @@ def test_command_line_builds_the_plan_and_passes_its_options(tmp_path, base_gin,
   out = str(tmp_path / "o")
   for bad, message in ((["--only", "nope"], "no such arm"), (["--seed_index", "3"], "out of range"),
                        (["--seed_index", "x"], "integers"), (["--select", "sts"], "names one task"),
+                       (["--select", "dev"], "names one task"),  # the dev suite holds three sets
                        (["--seeds", "0"], "at least 1"), (["--grid", "X.y"], "KEY=V1"), (["--bogus"], "unrecognized"),
                        (["--gin.TrainConfig.seed=1"], "binds TrainConfig.seed")):
     assert cli.main(["sweep", "--gin_file", base_gin, "--out", out, *bad]) == 2, bad

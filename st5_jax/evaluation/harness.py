@@ -146,6 +146,7 @@ def evaluate(encode: Encode, tasks: str | Sequence[str] = "all", data_dir=None, 
     {"tasks": {name: {"main", "metric", ...}}, "summary": {suite: ...}, "meta": {...}}.
     Every distinct text of all tasks but the retrieval sets is encoded once, before any task runs;
     a retrieval set encodes its queries and corpus by side when it runs (each side cached).
+    meta["n_texts"] counts the texts this call encoded, over all sides (none a cache held already).
   """
   start = time.perf_counter()
   root = paths.data_dir(data_dir)
@@ -154,6 +155,8 @@ def evaluate(encode: Encode, tasks: str | Sequence[str] = "all", data_dir=None, 
     cache = EmbeddingCache(encode, chunk_size=chunk_size)
   sides = Sides(cache, *(EmbeddingCache(e, chunk_size=chunk_size) if e is not None else None
                          for e in (encode_query, encode_document)))
+  caches = list({id(c): c for c in (sides.shared, sides.query, sides.document)}.values())
+  held_before = [len(c) for c in caches]  # a caller's cache may hold texts already
   specs = {name: task(name) for name in names}
   built, load_seconds = {}, {}
   for name in names:
@@ -173,7 +176,8 @@ def evaluate(encode: Encode, tasks: str | Sequence[str] = "all", data_dir=None, 
     main = result.get("main")
     log.info("%s: %s in %.1fs", name, "-" if main is None else f"{main:.2f}", result["seconds"])
   meta = {
-      "data_dir": str(root), "kfold": kfold, "tasks": names, "n_texts": len(set(texts)), "dim": cache.dim,
+      "data_dir": str(root), "kfold": kfold, "tasks": names,
+      "n_texts": sum(len(c) - n for c, n in zip(caches, held_before)), "dim": cache.dim,
       "encode_seconds": sides.encode_seconds, "total_seconds": time.perf_counter() - start,
       "numpy": np.__version__, "sklearn": sklearn.__version__, "python": platform.python_version(),
   }
