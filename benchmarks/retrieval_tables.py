@@ -75,7 +75,7 @@ def main(argv=None) -> int:
   parser.add_argument("--reference", default=None, help="An `st5 eval` results file of reference rows.")
   parser.add_argument("--tasks", default=",".join(DEFAULT_TASKS))
   parser.add_argument("--measures", default=",".join(DEFAULT_MEASURES))
-  parser.add_argument("--baseline_arm", default=None, help="Print per-seed differences against this arm.")
+  parser.add_argument("--baseline_arm", default=None, help="Print per-seed differences against this arm (SWEEP_FOLDER_NAME/ARM).")
   args = parser.parse_args(argv)
   tasks, measures = args.tasks.split(","), args.measures.split(",")
   reference = json.loads(pathlib.Path(args.reference).read_text())["models"] if args.reference else {}
@@ -85,6 +85,8 @@ def main(argv=None) -> int:
       rows[f"{pathlib.Path(sweep).name}/{arm}"] = seeds
   if not rows:
     raise SystemExit(f"no finished runs under {args.sweep}")
+  if args.baseline_arm and args.baseline_arm not in rows:
+    raise SystemExit(f"--baseline_arm {args.baseline_arm!r} is not an arm here; arms: {', '.join(rows)}")
   print(table(rows, tasks, measures, reference))
   if args.baseline_arm:
     print()

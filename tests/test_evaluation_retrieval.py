@@ -211,6 +211,7 @@ def test_st5_eval_retrieval_with_bm25_a_beir_folder_on_gcs_and_side_lengths(fake
   assert set(models["BM25"]["tasks"]) == set(tasks)
   md = out.with_suffix(".md").read_text()
   assert "## Retrieval" in md and "| TREC-QA | BM25 |" in md
+  assert "| Task | Metric |" not in md  # retrieval sets only: no empty headline table
   assert out.with_name("r_retrieval.png").read_bytes().startswith(b"\x89PNG")
 
 
