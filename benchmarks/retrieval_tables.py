@@ -62,7 +62,9 @@ def differences(rows, baseline: str, tasks, measures) -> str:
       continue
     for t in tasks:
       for m in measures:
-        diffs = [seeds[s][t][m] - rows[baseline][s][t][m] for s in sorted(seeds) if s in rows[baseline]]
+        base = rows[baseline]
+        diffs = [seeds[s][t][m] - base[s][t][m] for s in sorted(seeds)
+                 if s in base and m in seeds[s].get(t, {}) and m in base[s].get(t, {})]  # sweeps of other tasks
         if diffs:
           out.append(f"- {arm} - {baseline}, {t} {m}: " + " / ".join(f"{d:+.3f}" for d in diffs)
                      + (f" ({np.mean(diffs):+.3f} ± {np.std(diffs, ddof=1):.3f})" if len(diffs) > 1 else ""))

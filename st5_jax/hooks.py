@@ -319,7 +319,7 @@ class BestKeeper:
     elif self.best is None or score > self.best + self.config.min_delta:
       self.best, self.best_step, self.bad = float(score), step, 0
       self.save_best(state, step, float(score))
-      log.info("step %d: best %s so far (%.2f); kept in best/", step, self.config.metric, score)
+      log.info("step %d: best %s so far (%.4g); kept in best/", step, self.config.metric, score)
     else:
       self.bad += 1
       log.info("step %d: no improvement on %s (step %s) for %d evaluation(s)%s", step, self.best,

@@ -70,7 +70,7 @@ class TrainConfig:
   # GradCache: split the batch into this many sub-batches for the backward pass (0/1: off);
   # for objectives whose loss is over per-example embeddings (st5_jax/objectives/grad_cache.py).
   grad_cache_chunks: int = 0
-  # Keep the best STS-B dev checkpoint in WORKDIR/best and stop after `patience` evaluations
+  # Keep the best dev checkpoint (EarlyStopping.metric) in WORKDIR/best and stop after `patience` evaluations
   # without improvement: gin `TrainConfig.early_stopping = @EarlyStopping()` (needs eval_every > 0).
   early_stopping: hooks_lib.EarlyStopping | None = None
 
@@ -246,16 +246,19 @@ def make_dev_eval(setup: Setup, model_config: ST5Config, *, data_dir: str | None
                   batch_size: int = 128) -> Callable[[Any], dict[str, float] | None]:
   """params -> {metric: value} of the dev metrics (None without data), on the run's mesh.
 
-  The objective's query-side inference tower encodes, its parameters re-boxed as in the step.
+  The objective's inference towers encode (query side: STS-B dev and queries; document side: corpora).
   Build it once per run and call it at every evaluation: its encoder is compiled once per
   length bucket on the first call and reused (tests/test_train.py counts compiles).
   """
   if not data_dir:
     return lambda params: None
   encode, param_keys = tower_encode(setup, model_config, "query", rules)
+  towers = setup.objective.inference_towers(model_config)
+  document = None if towers["query"] is towers["document"] else tower_encode(setup, model_config, "document", rules)
   return in_training.dev_evaluator(encode, param_keys=param_keys, max_length=model_config.max_length,
                                    mesh=setup.mesh, param_shardings=setup.state_shardings.params,
-                                   vocab_file=vocab_file, batch_size=batch_size, metrics=metrics, data_dir=data_dir)
+                                   vocab_file=vocab_file, batch_size=batch_size, metrics=metrics, data_dir=data_dir,
+                                   document=document)
 
 
 def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: TrainConfig,
@@ -277,7 +280,7 @@ def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: 
     checkpoint of each step; one may replace the batch stream and keep state in the checkpoint;
     `Hook.start` gets the run's context (st5_jax.hooks.RunContext) once, before any resume.
 
-  A work dir that stops taking writes (disk full, permissions) raises WorkdirWriteError
+  A work dir that stops taking writes (disk full, permissions) raises storage.WorkdirWriteError
   naming the path and the free space; committed checkpoints stay intact for a rerun.
   """
   storage.quiet_background_storage_errors()  # the storage error is reported once, below
@@ -318,7 +321,7 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
   if tc.eval_every < 0:
     eval_data_dir = None
   elif not eval_data_dir:
-    log.warning("No data dir ($ST5_DATA_DIR or gin st5_jax.data.options.data_dir): skipping STS-B dev evaluation.")
+    log.warning("No data dir ($ST5_DATA_DIR or gin st5_jax.data.options.data_dir): skipping the dev evaluation.")
   mesh = partitioning.make_mesh(mesh_config)
   setup = build(model_config, tc, mesh, rules)
   if multihost.is_lead():
@@ -336,8 +339,8 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
     dev_eval = make_dev_eval(setup, model_config, data_dir=eval_data_dir, vocab_file=vocab_file,
                              metrics=tc.eval_metrics, rules=rules)
     if tc.early_stopping is not None and eval_data_dir is None:
-      raise ValueError("TrainConfig.early_stopping needs the STS-B dev evaluation: set $ST5_DATA_DIR (or gin "
-                       "st5_jax.data.options.data_dir).")
+      raise ValueError("TrainConfig.early_stopping needs the dev evaluation (TrainConfig.eval_metrics): set "
+                       "$ST5_DATA_DIR (or gin st5_jax.data.options.data_dir).")
     with jax.set_mesh(mesh):
       restored = restore_latest_good(mngr, setup)
       stream = hooks_lib.Stream(make_iterator(mesh, tc.global_batch_size, tc.seed), mesh=mesh,

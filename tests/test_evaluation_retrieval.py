@@ -15,7 +15,7 @@ import ir_measures
 import numpy as np
 import pytest
 
-from st5_jax import cli
+from st5_jax import cli, errors
 from st5_jax.data import builders, overlap
 from st5_jax.data.rows import RowStats
 from st5_jax.evaluation import harness, in_training, retrieval_readers, sets
@@ -215,6 +215,14 @@ def test_st5_eval_retrieval_with_bm25_a_beir_folder_on_gcs_and_side_lengths(fake
   assert out.with_name("r_retrieval.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_a_baseline_needs_retrieval_sets_and_alone_defaults_to_them(tmp_path, capsys):
+  rc = cli.main(["eval", "--baseline", "bm25", "--tasks", "sts", "--output", str(tmp_path / "r.json")])
+  assert rc == 2 and "scores retrieval sets only" in capsys.readouterr().err
+  # Alone, it reads the retrieval sets (here from an empty data folder: the first set's missing file).
+  rc = cli.main(["eval", "--baseline", "bm25", "--data_dir", str(tmp_path), "--output", str(tmp_path / "r.json")])
+  assert rc == 2 and "squad_official" in capsys.readouterr().err
+
+
 def test_a_malformed_beir_folder_is_one_line_and_exit_2(fake_encoders, data_dir, tmp_path, capsys):
   folder = tmp_path / "bad"
   _beir(folder, retrieval_readers.read_trecqa(data_dir))
@@ -234,12 +242,57 @@ def test_in_training_metrics_are_dev_sets_only():
     in_training.check_metrics(["stsb_dev_spearman"], selected="TREC-QA-dev/MRR@10")
 
 
+def test_without_either_squad_file_the_error_names_a_command_that_gets_one(tmp_path):
+  # Plain `st5 data prepare` fetches neither (official: optional, no pinned checksum; reconstruction: local-only).
+  with pytest.raises(errors.InputFileError, match="dev-v1.1.json does not exist") as info:
+    sets.SETS["ReQA-SQuAD"].read(tmp_path)
+  command = str(info.value).split("`")[1].split()
+  assert command[:2] == ["st5", "data"]
+  args = cli.build_parser().parse_args(command[1:])
+  assert args.datasets == "squad_official" and args.trust_unverified and args.out == str(tmp_path)
+
+
 def test_reqa_prefers_the_official_squad_file(data_dir, tmp_path):
   root = tmp_path / "data"
   (root / "squad_v1.1").mkdir(parents=True)
   shutil.copy(data_dir / retrieval_readers.SQUAD_RECONSTRUCTED_DEV, root / retrieval_readers.SQUAD_OFFICIAL_DEV)
   _, info = retrieval_readers.read_squad(root)
   assert info.official and info.file.endswith("dev-v1.1.json")
+
+
+def test_the_dev_evaluator_computes_any_measure_spelling_with_each_side(data_dir):
+  # Aliases, lower case and other cutoffs than the harness' defaults, against ir-measures on a NumPy ranking;
+  # the corpus goes through the document encoder, the queries through the query encoder.
+  query_enc, doc_enc = _Untied(), _Untied()
+  seen = {"query": 0, "document": 0}
+
+  def side(name, enc):
+    def encode(params, texts):
+      assert params == "P"
+      seen[name] += len(texts)
+      return enc(texts) if name == "query" else -enc(texts)  # a different document tower
+    return encode
+
+  metrics = ("TREC-QA-dev/mrr@10", "TREC-QA-dev/P@3", "TREC-QA-dev/nDCG@5", "SemEval2016-B-dev/AP@20")
+  evaluator = in_training.DevEvaluator(side("query", query_enc), metrics=metrics, data_dir=data_dir,
+                                       document_encoder=side("document", doc_enc))
+  got = evaluator("P")
+  assert list(got) == list(metrics)
+  for task, measures in (("TREC-QA-dev", {"TREC-QA-dev/P@3": ir_measures.P @ 3,
+                                          "TREC-QA-dev/nDCG@5": ir_measures.nDCG @ 5}),
+                         ("SemEval2016-B-dev", {"SemEval2016-B-dev/AP@20": ir_measures.AP @ 20})):
+    data = sets.SETS[task].read(data_dir)[1]
+    q_emb = query_enc([data.queries[q] for q in data.queries])
+    d_emb = -doc_enc([data.corpus[d] for d in data.corpus])
+    ref = _reference(data, q_emb, d_emb, list(measures.values()))
+    for metric, measure in measures.items():
+      assert got[metric] == pytest.approx(ref[measure], abs=1e-6), metric
+    if task == "TREC-QA-dev":
+      assert got["TREC-QA-dev/mrr@10"] == pytest.approx(ref["MRR@10"], abs=1e-6)
+  n_docs = sum(len(sets.SETS[t].read(data_dir)[1].corpus) for t in ("TREC-QA-dev", "SemEval2016-B-dev"))
+  assert seen["document"] == n_docs
+  with pytest.raises(ValueError, match="top 100"):
+    in_training.check_metric("TREC-QA-dev/Recall@1000")
 
 
 def test_training_evaluates_and_selects_on_a_dev_retrieval_measure(tmp_path, vocab_path, data_dir):

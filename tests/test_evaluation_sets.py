@@ -75,7 +75,7 @@ def test_senteval_order_sorts_by_token_counts_then_label_stably():
 
 
 def test_a_set_added_to_the_table_joins_decontamination_and_needs_a_scorer(data_dir, monkeypatch):
-  # What the retrieval sets will do: one row in sets.SETS, read -> (texts, data).
+  # A new set is one row in sets.SETS, read -> (texts, data); an "encode" set also needs a scorer.
   question = "Which zoo keeps the oldest koala, Qwerty-7?"
   assert overlap.normalize(question) not in overlap.evaluation_index(str(data_dir))
   new = sets.EvalSet("ToyRetrieval", "retrieval", lambda root: ([question, "Zoo Qwerty-7 does."], None), "toy/none")

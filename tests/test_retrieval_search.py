@@ -232,16 +232,24 @@ def test_help_imports_neither_jax_nor_faiss():
   assert out.stdout.strip() == "[]"
 
 
-def test_index_and_search_a_retrieval_task_score_as_st5_eval(tmp_path, vocab_path, data_dir, capsys):
-  # `--corpus TREC-QA` / `--queries TREC-QA`: the evaluation set's corpus and queries, scored against its qrels,
-  # the same figures as the harness with the same model (MRR@10 within float noise of near ties).
-  from st5_jax.evaluation import harness  # pylint: disable=g-import-not-at-top
-
+@pytest.fixture(scope="module")
+def trecqa_index(tmp_path_factory, vocab_path, data_dir):
+  """(model, index folder) of `st5 index --corpus TREC-QA` (1393 documents, 3 shards of <= 500)."""
+  tmp_path = tmp_path_factory.mktemp("trecqa")
   model = _model(tmp_path / "model", vocab_path, seed=0)
   out = tmp_path / "idx"
   assert cli.main(["index", "--model", model, "--corpus", "TREC-QA", "--out", str(out), "--shard_size", "500",
                    "--data_dir", str(data_dir)]) == 0
-  assert (out / "task_corpus.jsonl").read_text().count("\n") == 1393
+  return model, out
+
+
+def test_index_and_search_a_retrieval_task_score_as_st5_eval(trecqa_index, tmp_path, data_dir, capsys):
+  # `--corpus TREC-QA` / `--queries TREC-QA`: the evaluation set's corpus and queries, scored against its qrels,
+  # the same figures as the harness with the same model (MRR@10 within float noise of near ties).
+  from st5_jax.evaluation import harness  # pylint: disable=g-import-not-at-top
+
+  model, out = trecqa_index
+  assert (out / "task_TREC-QA_corpus.jsonl").read_text().count("\n") == 1393
   metrics_file = tmp_path / "m.json"
   assert cli.main(["search", "--index", str(out), "--queries", "TREC-QA", "--out", str(tmp_path / "run.trec"),
                    "--data_dir", str(data_dir), "--metrics", str(metrics_file)]) == 0
@@ -252,6 +260,97 @@ def test_index_and_search_a_retrieval_task_score_as_st5_eval(tmp_path, vocab_pat
   assert got["n_queries"] == want["n_queries"] == 89
   for m in ("MRR@10", "nDCG@10", "Recall@100"):
     assert got[m] == pytest.approx(want[m], abs=2e-3), m
-  rc = cli.main(["search", "--index", str(out), "--queries", str(out / "task_corpus.jsonl"), "--out",
+  rc = cli.main(["search", "--index", str(out), "--queries", str(out / "task_TREC-QA_corpus.jsonl"), "--out",
                  str(tmp_path / "x.trec"), "--metrics", str(metrics_file)])
   assert rc == 2 and "--metrics needs --queries TASK" in capsys.readouterr().err
+
+
+def _files(folder):
+  """name -> (bytes, mtime in ns) of every file in the folder."""
+  return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.iterdir())}
+
+
+def test_a_task_index_is_one_set_alone_and_another_set_leaves_it_untouched(trecqa_index, tmp_path, data_dir, capsys):
+  model, out = trecqa_index
+  before = _files(out)
+  assert "task_TREC-QA_corpus.jsonl" in before and "manifest.json" in before
+  # Another set into the TREC-QA index: refused before anything is written (no WikiQA file, nothing rewritten).
+  rc = cli.main(["index", "--model", model, "--corpus", "WikiQA", "--out", str(out), "--shard_size", "500",
+                 "--data_dir", str(data_dir)])
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and len(err.splitlines()) == 1, err
+  assert "holds an index of another corpus" in err and "task_TREC-QA_corpus.jsonl" in err, err
+  assert "WikiQA's corpus" in err and "Pass another --out" in err, err
+  assert _files(out) == before
+  # Two sets, or a set and a file, in one index: refused up front (TREC-QA's and SemEval2016-B's ids collide).
+  (tmp_path / "extra.tsv").write_text("x1\tan extra document\n")
+  for corpus in (["WikiQA,TREC-QA"], ["trecqa", str(tmp_path / "extra.tsv")]):
+    argv = ["index", "--model", model, "--out", str(tmp_path / "two"), "--data_dir", str(data_dir)]
+    rc = cli.main(argv + [a for c in corpus for a in ("--corpus", c)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "a retrieval set's corpus is indexed alone" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "two").exists()
+  # The same set again (by its alias): every shard kept, the same bytes, the corpus file not even rewritten.
+  rc = cli.main(["index", "--model", model, "--corpus", "trecqa", "--out", str(out), "--shard_size", "500",
+                 "--data_dir", str(data_dir)])
+  assert rc == 0 and "skipped 3 finished shards" in capsys.readouterr().err
+  after = _files(out)
+  assert {k: v[0] for k, v in after.items()} == {k: v[0] for k, v in before.items()}
+  assert after["task_TREC-QA_corpus.jsonl"] == before["task_TREC-QA_corpus.jsonl"]
+
+
+def test_search_with_a_task_refuses_an_index_of_another_corpus(trecqa_index, tmp_path, data_dir, capsys):
+  # WikiQA's queries against the TREC-QA index: its qrels name documents the index lacks (measures near zero).
+  model, out = trecqa_index
+  rc = cli.main(["search", "--index", str(out), "--queries", "WikiQA", "--out", str(tmp_path / "run.trec"),
+                 "--data_dir", str(data_dir), "--metrics", str(tmp_path / "m.json")])
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and len(err.splitlines()) == 1, err
+  assert f"{out} holds another corpus than WikiQA's" in err and "task_TREC-QA_corpus.jsonl: 1393 documents" in err
+  assert f"`st5 index --model {model} --corpus WikiQA --out {out}_WikiQA --data_dir {data_dir}`" in err, err
+  assert not (tmp_path / "run.trec").exists() and not (tmp_path / "m.json").exists()
+
+
+def _beir_folder(folder, texts):
+  """A BEIR folder: documents doc0.. with titles, two queries judged against doc0 and doc3."""
+  (folder / "qrels").mkdir(parents=True)
+  (folder / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"doc{i}", "title": f"t{i}", "text": t}) + "\n"
+                                               for i, t in enumerate(texts)))
+  (folder / "queries.jsonl").write_text('{"_id": "q0", "text": "a cat by the river"}\n'
+                                        '{"_id": "q1", "text": "money in the bank"}\n')
+  (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq0\tdoc0\t1\nq1\tdoc3\t1\n")
+  return str(folder)
+
+
+def test_search_with_a_beir_set_accepts_its_folder_indexed_by_path(tmp_path, vocab_path, capsys):
+  # A BEIR folder indexed by its path holds the set's documents in another file than `--corpus beir:F` writes:
+  # accepted (the same measures), unless the documents differ or the file changed after indexing.
+  model = _model(tmp_path / "model", vocab_path, seed=1)
+  texts = ["the cat sat by the river", "a dog in the city", "night music", "money kept in a bank", "a tree"]
+  folder = _beir_folder(tmp_path / "beir", texts)
+  measures = []
+  for name, corpus in (("by_path", folder), ("by_set", f"beir:{folder}")):
+    assert cli.main(["index", "--model", model, "--corpus", corpus, "--out", str(tmp_path / name),
+                     "--shard_size", "2"]) == 0
+    rc = cli.main(["search", "--index", str(tmp_path / name), "--queries", f"beir:{folder}", "--k", "3", "--out",
+                   str(tmp_path / f"{name}.trec"), "--metrics", str(tmp_path / f"{name}.json")])
+    assert rc == 0, capsys.readouterr().err
+    measures.append(json.loads((tmp_path / f"{name}.json").read_text()))
+  assert measures[0]["n_queries"] == 2 and measures[0] == measures[1]
+  # `--corpus beir:F`'s index moved elsewhere (its manifest names the old file): known by its corpus fingerprint.
+  shutil.move(tmp_path / "by_set", tmp_path / "moved")
+  rc = cli.main(["search", "--index", str(tmp_path / "moved"), "--queries", f"beir:{folder}", "--out",
+                 str(tmp_path / "moved.trec")])
+  assert rc == 0, capsys.readouterr().err
+  # Another folder: the same ids and count, one text differs.
+  other = _beir_folder(tmp_path / "other", texts[:4] + ["a bush"])
+  rc = cli.main(["search", "--index", str(tmp_path / "by_path"), "--queries", f"beir:{other}", "--out",
+                 str(tmp_path / "x.trec")])
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and f"holds another corpus than beir:{other}'s" in err and "--corpus beir:" in err, err
+  # The indexed file edited afterwards (the set now reads the new text): the index holds the old one.
+  (tmp_path / "beir" / "corpus.jsonl").write_text((tmp_path / "other" / "corpus.jsonl").read_text())
+  rc = cli.main(["search", "--index", str(tmp_path / "by_path"), "--queries", f"beir:{folder}", "--out",
+                 str(tmp_path / "x.trec")])
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and f"holds another corpus than beir:{folder}'s" in err, err

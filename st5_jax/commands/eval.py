@@ -121,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
   # Not at the top: the harness imports scikit-learn, and `st5 --help` imports this module.
   from st5_jax.evaluation import evaluate, report, resolve_tasks  # pylint: disable=g-import-not-at-top
   from st5_jax.evaluation.harness import evaluate_bm25  # pylint: disable=g-import-not-at-top
+  from st5_jax.evaluation.sets import get_set  # pylint: disable=g-import-not-at-top
 
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
   model_paths = _split(args.model)
@@ -128,9 +129,13 @@ def run(args: argparse.Namespace) -> int:
   if not model_paths and not compare and not args.baseline:
     raise SystemExit("give --model, --baseline and/or --compare")
   mteb_names = _split(args.mteb)
-  task_arg = args.tasks if args.tasks is not None else ("" if mteb_names or args.beir else DEFAULT_TASKS)
+  default = "retrieval" if args.baseline and not model_paths else DEFAULT_TASKS  # a baseline alone: its sets
+  task_arg = args.tasks if args.tasks is not None else ("" if mteb_names or args.beir else default)
   task_arg = ",".join([task_arg, *(f"beir:{folder}" for folder in args.beir)]).strip(",")
   tasks = resolve_tasks(task_arg) if task_arg else []  # fails before any model loads on a typo.
+  if args.baseline and not any(get_set(t).kind == "retrieval" for t in tasks):
+    raise SystemExit(f"--baseline {args.baseline[0]} scores retrieval sets only, and --tasks {task_arg or '(none)'} "
+                     "names none: add retrieval (or a retrieval set's name) to --tasks, or give --beir FOLDER")
   data_dir = paths.data_dir(args.data_dir) if model_paths or args.baseline else None
   if mteb_names and model_paths:
     from st5_jax import mteb as st5_mteb  # pylint: disable=g-import-not-at-top  (the optional mteb extra)

@@ -1,7 +1,8 @@
 """`st5 index --model M --corpus FILES|TASK --out DIR`: encode a corpus into a sharded, resumable index.
 
 TASK: a retrieval evaluation set by name (`st5 eval --tasks retrieval` lists them: WikiQA, ReQA-SQuAD, ...,
-or `beir:FOLDER`); its corpus is written to DIR/task_corpus.jsonl (the same bytes every time) and indexed.
+or `beir:FOLDER`), alone: its corpus is written to DIR/task_NAME_corpus.jsonl (the same bytes every time) and
+indexed, after checking that DIR holds no index of another corpus (nothing is written into such a DIR).
 
 Every process of a multi-host run runs the same command (launch/tpu_run.sh); shard s is encoded by process
 s % P on its own devices. Rerun the same command after a kill or preemption: finished shards are kept.
@@ -11,6 +12,7 @@ See st5_jax/retrieval/index.py for the folder's layout and st5_jax/retrieval/cor
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from st5_jax.configs import POOLINGS
@@ -28,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                  help="Corpus file(s), local or gs://: repeat the flag or separate with commas; globs expand; a "
                       "BEIR folder means its corpus.jsonl. Formats: .jsonl (BEIR _id/title/text, or id/text), "
                       ".tsv (id<TAB>text), .txt (a document a line, id = line number from 0); .gz read too. Or a "
-                      "retrieval evaluation set's name (WikiQA, ReQA-SQuAD, beir:FOLDER, ...): its corpus.")
+                      "retrieval evaluation set's name (WikiQA, ReQA-SQuAD, beir:FOLDER, ...), alone: its corpus.")
   p.add_argument("--data_dir", default=None, help="Public data folder for a TASK corpus (default $ST5_DATA_DIR).")
   p.add_argument("--out", required=True, help="Index folder (local or gs://); rerunning into it resumes.")
   p.add_argument("--shard_size", type=int, default=65536, help="Documents a shard (default 65536).")
@@ -63,27 +65,91 @@ def ann_overrides(args: argparse.Namespace) -> dict:
           "efSearch": args.ef_search}
 
 
-def task_files(specs: list[str], out: str, *, data_dir: str | None, part: str) -> list[str]:
-  """`specs`, with each retrieval evaluation set named among them replaced by a JSON-lines file of its `part`
-  ("corpus" or "queries") written under `out` (the lead writes; every process reads it after a barrier)."""
-  import json  # pylint: disable=g-import-not-at-top
+def task_files(specs: list[str], out: str, *, data_dir: str | None) -> list[str]:
+  """`specs` (the --corpus values, comma-separated), or when they name a retrieval evaluation set: the JSON-lines
+  file of its corpus under `out` (the lead writes it; every process reads it after a barrier).
 
+  A set is indexed alone (no other set or file): its index is what `st5 search --queries TASK` scores against the
+  set's qrels, and two sets' ids may collide (TREC-QA's and SemEval2016-B's are both d0, d1, ...). `out` holding
+  an index of another corpus is refused before anything is written (IndexMismatchError).
+  """
   from st5_jax import multihost, paths  # pylint: disable=g-import-not-at-top
+  from st5_jax.cli import UsageError  # pylint: disable=g-import-not-at-top
   from st5_jax.evaluation import sets  # pylint: disable=g-import-not-at-top
 
-  files = []
-  for spec in (s.strip() for entry in specs for s in entry.split(",") if s.strip()):
-    if paths.exists(spec) or any(c in spec for c in "*?[") or not is_task(spec):
-      files.append(spec)
-      continue
-    data = sets.get_set(sets.resolve_tasks(spec)[0]).read(paths.data_dir(data_dir))[1]
-    target = paths.join(out, f"task_{part}.jsonl")
-    if multihost.is_lead():
-      texts = data.corpus if part == "corpus" else data.queries
-      paths.write_text(target, "".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in texts.items()))
-    multihost.barrier(f"st5_task_{part}")
-    files.append(target)
-  return files
+  specs = [s.strip() for entry in specs for s in entry.split(",") if s.strip()]
+  tasks = [s for s in specs if not paths.exists(s) and not any(c in s for c in "*?[") and is_task(s)]
+  if not tasks:
+    return specs
+  if len(specs) > 1:
+    raise UsageError(f"--corpus {','.join(specs)}: a retrieval set's corpus is indexed alone (no other set or file), "
+                     f"so that `st5 search --queries TASK` scores it as `st5 eval` does; build one index per set: "
+                     f"`st5 index --corpus {tasks[0]} --out DIR ...`")
+  name = sets.resolve_tasks(tasks[0])[0]
+  data = sets.get_set(name).read(paths.data_dir(data_dir))[1]
+  content = task_corpus_bytes(data.corpus)
+  _refuse_another_corpus(out, corpus_fingerprint(content), name)
+  target = paths.join(out, task_corpus_name(name))
+  # Unchanged bytes are not rewritten: a rerun (a resume) leaves the file and its mtime as they were.
+  if multihost.is_lead() and not (paths.exists(target) and paths.read_bytes(target) == content):
+    paths.write_bytes(target, content)
+  multihost.barrier("st5_task_corpus")
+  return [target]
+
+
+def safe_name(name: str) -> str:
+  """A set's name as part of a file name: runs of other characters than letters, digits, . and - become _
+  (beir:/data/scifact -> beir_data_scifact), at most 100 characters."""
+  return re.sub(r"[^A-Za-z0-9.-]+", "_", name).strip("._")[:100]
+
+
+def task_corpus_name(name: str) -> str:
+  """The file name of set `name`'s corpus in its index folder."""
+  return f"task_{safe_name(name)}_corpus.jsonl"
+
+
+def task_corpus_bytes(corpus: dict[str, str]) -> bytes:
+  """What `st5 index --corpus TASK` indexes: a JSON line {"_id", "text"} per document, in the set's order."""
+  import json  # pylint: disable=g-import-not-at-top
+
+  return "".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in corpus.items()).encode()
+
+
+def corpus_fingerprint(content: bytes) -> str:
+  """An index manifest's corpus fingerprint for one JSON-lines file holding `content` (as corpus_files.scan's)."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+
+  from st5_jax.retrieval import corpus_files  # pylint: disable=g-import-not-at-top
+
+  info = corpus_files.FileInfo(path="", format="jsonl", rows=0, sha256=hashlib.sha256(content).hexdigest())
+  return corpus_files.CorpusScan(files=(info,), layouts=()).fingerprint
+
+
+def _refuse_another_corpus(out: str, fingerprint: str, name: str) -> None:
+  """IndexMismatchError when `out` holds (part of) an index of a corpus other than `fingerprint`'s.
+
+  build_index checks the model and shard size too, but only after the corpus file is written; this runs first so
+  that a refused run leaves `out` as it was.
+  """
+  import json  # pylint: disable=g-import-not-at-top
+
+  from st5_jax import paths  # pylint: disable=g-import-not-at-top
+  from st5_jax.retrieval import index as index_lib  # pylint: disable=g-import-not-at-top
+
+  for path in [paths.join(out, index_lib.MANIFEST)] + paths.glob(paths.join(out, "shard-*.json")):
+    try:
+      meta = json.loads(paths.read_text(path))
+    except (OSError, ValueError):
+      continue  # absent or unreadable: build_index's own check and resume deal with it
+    if "corpus" in meta:  # the manifest
+      found, files = meta["corpus"]["fingerprint"], [f["path"] for f in meta["corpus"]["files"]] or ["(embeddings)"]
+    else:  # a shard's JSON
+      found, files = meta.get("corpus_fingerprint"), meta.get("corpus_files") or []
+    if found != fingerprint:
+      raise index_lib.IndexMismatchError(
+          f"{out} holds an index of another corpus ({path.rsplit('/', 1)[-1]}: {','.join(files)}, fingerprint "
+          f"{str(found)[:12]}); this run: {name}'s corpus (fingerprint {fingerprint[:12]}). Pass another --out, or "
+          f"delete {out} to rebuild it")
 
 
 def is_task(spec: str) -> bool:
@@ -108,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
   for noisy in ("absl", "jax._src.xla_bridge", "orbax"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
   multihost.maybe_initialize()
-  corpus = task_files(args.corpus, args.out, data_dir=args.data_dir, part="corpus")
+  corpus = task_files(args.corpus, args.out, data_dir=args.data_dir)
   report = index_lib.build_index(
       args.model, corpus, args.out, shard_size=args.shard_size, batch_size=args.batch_size,
       max_length=args.max_length, pooling=args.pooling, vocab=args.vocab, checkpoint=args.checkpoint,

@@ -4,7 +4,8 @@ Queries are encoded with the index's own model (the folder it was built from; `-
 searched exactly on the devices (blocked matmul + top-k; `--approx`: TPU's approximate top-k) or with the
 index's ANN index (`--ann`). Writes `qid Q0 docid rank score tag` lines, and JSON lines with --jsonl.
 `--queries TASK` (a retrieval evaluation set, as `st5 index --corpus TASK`) takes the set's queries and
-prints its measures against the set's qrels (`--metrics FILE` also writes them as JSON).
+prints its measures against the set's qrels (`--metrics FILE` also writes them as JSON); the index must hold
+exactly the set's corpus (else exit 2, naming the command that builds it), so the measures are `st5 eval`'s.
 """
 
 from __future__ import annotations
@@ -68,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
   if task is not None:
     from st5_jax import paths  # pylint: disable=g-import-not-at-top
     from st5_jax.evaluation import sets  # pylint: disable=g-import-not-at-top
-    data = sets.get_set(sets.resolve_tasks(task)[0]).read(paths.data_dir(args.data_dir))[1]
+    name = sets.resolve_tasks(task)[0]
+    data = sets.get_set(name).read(paths.data_dir(args.data_dir))[1]
+    _check_task_corpus(index, name, data.corpus, args.data_dir)
     query_ids, texts = list(data.queries), list(data.queries.values())
   else:
     if args.metrics:
@@ -105,3 +108,35 @@ def run(args: argparse.Namespace) -> int:
         f"({len(query_ids) / max(searched - encoded, 1e-9):.0f} queries/s) -> {args.out}"
         + (f", {args.jsonl}" if args.jsonl else "") + measures, file=sys.stderr)
   return 0
+
+
+def _check_task_corpus(index, name: str, corpus: dict[str, str], data_dir: str | None) -> None:
+  """UsageError unless `index` holds exactly set `name`'s corpus: qrels scored against another corpus (or a bigger
+  one) give measures that are not `st5 eval`'s, silently.
+
+  Fast path: the manifest's corpus fingerprint is that of the file `st5 index --corpus TASK` writes. Otherwise
+  (a BEIR folder indexed by its path, the corpus exported to TSV): the index's corpus files, unchanged since they
+  were indexed (same fingerprint), must hold the same ids and texts.
+  """
+  from st5_jax import paths  # pylint: disable=g-import-not-at-top
+  from st5_jax.cli import UsageError  # pylint: disable=g-import-not-at-top
+  from st5_jax.commands import index as index_command  # pylint: disable=g-import-not-at-top
+  from st5_jax.retrieval import corpus_files  # pylint: disable=g-import-not-at-top
+
+  held = index.manifest["corpus"]
+  if held["fingerprint"] == index_command.corpus_fingerprint(index_command.task_corpus_bytes(corpus)):
+    return
+  files = [f["path"] for f in held["files"]]
+  if len(index) == len(corpus) and files and all(paths.exists(f) for f in files):
+    formats = {f["format"] for f in held["files"]}
+    fmt = formats.pop() if len(formats) == 1 else None
+    if corpus_files.scan(files, fmt=fmt).fingerprint == held["fingerprint"]:
+      ids, texts = corpus_files.read_all(files, fmt=fmt)
+      if all(corpus.get(i) == t for i, t in zip(ids, texts)):  # same count, unique ids: the same mapping
+        return
+  model = (index.manifest.get("model") or {}).get("path") or "MODEL"
+  out = f"{index.directory.rstrip('/')}_{index_command.safe_name(name)}"
+  build = f"st5 index --model {model} --corpus {name} --out {out}" + (f" --data_dir {data_dir}" if data_dir else "")
+  raise UsageError(f"{index.directory} holds another corpus than {name}'s ({', '.join(files) or '(embeddings)'}: "
+                   f"{len(index)} documents; {name}'s has {len(corpus)}), so its measures would not be `st5 eval`'s; "
+                   f"build {name}'s index with `{build}` and search that")

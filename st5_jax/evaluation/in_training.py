@@ -14,7 +14,7 @@ selection never sees a test split.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -25,6 +25,7 @@ from st5_jax import vocab as vocab_lib
 from st5_jax.inference import length_bucket
 from st5_jax.evaluation import retrieval, sets
 from st5_jax.evaluation.sts import sts_dev_spearman
+from st5_jax.retrieval import metrics as metrics_lib
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +90,10 @@ def check_metric(metric: str) -> None:
   if task not in dev_retrieval or not measure:
     raise ValueError(f"in-training metric {metric!r}: write {STSB_DEV!r} or TASK/MEASURE with TASK a dev retrieval "
                      f"set {dev_retrieval} (test splits are evaluation-only) and MEASURE e.g. MRR@10")
-  from st5_jax.retrieval import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
-  metrics_lib.parse_metric(measure)  # an unknown measure fails here, before training
+  parsed = metrics_lib.parse_metric(measure)  # an unknown measure fails here, before training
+  if parsed.k > retrieval.DEPTH:
+    raise ValueError(f"in-training metric {metric!r}: the dev search keeps the top {retrieval.DEPTH} documents of a "
+                     f"query; use a cutoff <= {retrieval.DEPTH}")
 
 
 def check_metrics(metrics: Sequence[str], *, selected: str | None = None) -> None:
@@ -102,37 +105,55 @@ def check_metrics(metrics: Sequence[str], *, selected: str | None = None) -> Non
                      f"{list(metrics)}")
 
 
-class DevEvaluator:
-  """{metric: value} of the training parameters for each of `metrics` (every process gets the same values)."""
+class _Sides(NamedTuple):
+  query: Callable[[Sequence[str]], np.ndarray]
+  document: Callable[[Sequence[str]], np.ndarray]
 
-  def __init__(self, encoder: ShardedEncoder, *, metrics: Sequence[str], data_dir):
+
+class DevEvaluator:
+  """{metric: value} of the training parameters for each of `metrics` (every process gets the same values).
+
+  `encoder` encodes STS-B dev and a retrieval set's queries; `document_encoder` (default `encoder`) its corpus.
+  """
+
+  def __init__(self, encoder: ShardedEncoder, *, metrics: Sequence[str], data_dir,
+               document_encoder: ShardedEncoder | None = None):
     for metric in metrics:
       check_metric(metric)
     self.encoder, self.metrics, self.data_dir = encoder, tuple(metrics), data_dir
+    self.document_encoder = encoder if document_encoder is None else document_encoder
     self._data = {}  # retrieval task -> RetrievalData, read once per run
 
   def __call__(self, params: Any) -> dict[str, float]:
-    encode = lambda texts: self.encoder(params, texts)  # noqa: E731
+    sides = _Sides(lambda texts: self.encoder(params, texts), lambda texts: self.document_encoder(params, texts))
     out, by_task = {}, {}
     for metric in self.metrics:
       if metric == STSB_DEV:
-        out[metric] = float(sts_dev_spearman(encode, data_dir=self.data_dir))
+        out[metric] = float(sts_dev_spearman(sides.query, data_dir=self.data_dir))
         continue
       task, _, measure = metric.partition("/")
       if task not in by_task:
         if task not in self._data:
           self._data[task] = sets.SETS[task].read(self.data_dir)[1]
-        by_task[task] = retrieval.retrieval_task(self._data[task])(encode)
-      out[metric] = float(by_task[task][measure])
+        measures = tuple(m.partition("/")[2] for m in self.metrics if m.partition("/")[0] == task)
+        by_task[task] = retrieval.retrieval_task(self._data[task], extra_metrics=measures)(sides)
+      out[metric] = float(by_task[task][metrics_lib.parse_metric(measure).name])  # "mrr@10" -> "MRR@10"
     return out
 
 
 def dev_evaluator(encode: Callable[[Any, jax.Array], jax.Array], *, param_keys: Sequence[str], max_length: int,
                   mesh: Mesh, param_shardings: Any, vocab_file: str, batch_size: int, metrics: Sequence[str],
-                  data_dir) -> DevEvaluator:
-  """The trainer's evaluator: `encode(params, tokens_BxL)` (its tower in inference mode) on the run's mesh."""
-  encoder = ShardedEncoder(encode, param_keys=param_keys, max_length=max_length, mesh=mesh,
-                           param_shardings=param_shardings, tokenizer=vocab_lib.Tokenizer(vocab_file),
-                           batch_size=batch_size)
-  evaluator = DevEvaluator(encoder, metrics=metrics, data_dir=data_dir)
-  return evaluator
+                  data_dir, document: tuple[Callable[[Any, jax.Array], jax.Array], Sequence[str]] | None = None
+                  ) -> DevEvaluator:
+  """The trainer's evaluator: `encode(params, tokens_BxL)` (its tower in inference mode) on the run's mesh.
+
+  document: (encode, param_keys) of a separate document tower (an asymmetric objective); default `encode`.
+  """
+  tokenizer = vocab_lib.Tokenizer(vocab_file)
+
+  def sharded(fn, keys):
+    return ShardedEncoder(fn, param_keys=keys, max_length=max_length, mesh=mesh, param_shardings=param_shardings,
+                          tokenizer=tokenizer, batch_size=batch_size)
+
+  return DevEvaluator(sharded(encode, param_keys), metrics=metrics, data_dir=data_dir,
+                      document_encoder=None if document is None else sharded(*document))

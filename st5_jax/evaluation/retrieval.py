@@ -25,14 +25,20 @@ MAIN = "MRR@10"
 DEPTH = 100  # documents kept per query: enough for Recall@100 and MAP@100
 
 
-def _result(data: RetrievalData, run: metrics_lib.Run, *, seconds: dict[str, float]) -> dict[str, Any]:
-  scores = metrics_lib.evaluate(run, data.qrels)
+def _result(data: RetrievalData, run: metrics_lib.Run, *, seconds: dict[str, float],
+            extra_metrics: tuple[str, ...] = ()) -> dict[str, Any]:
+  names = dict.fromkeys([*metrics_lib.DEFAULT_METRICS, *(metrics_lib.parse_metric(m).name for m in extra_metrics)])
+  scores = metrics_lib.evaluate(run, data.qrels, names)
   return {"main": scores["mean"][MAIN], "metric": MAIN, **scores["mean"], "n_queries": scores["n_queries"],
           "n_documents": len(data.corpus), "seconds_by_part": {k: round(v, 3) for k, v in seconds.items()}}
 
 
-def retrieval_task(data: RetrievalData, *, kfold: int = 10, k: int = DEPTH) -> Callable[[Any], dict]:
-  """run(embed) -> results; `embed` has `.query` and `.document` (the harness' Sides), or is one encoder."""
+def retrieval_task(data: RetrievalData, *, kfold: int = 10, k: int = DEPTH,
+                   extra_metrics: tuple[str, ...] = ()) -> Callable[[Any], dict]:
+  """run(embed) -> results; `embed` has `.query` and `.document` (the harness' Sides), or is one encoder.
+
+  The results hold metrics_lib.DEFAULT_METRICS and `extra_metrics` (any spelling; keyed by canonical name).
+  """
   del kfold  # no classifier
 
   def run(embed) -> dict[str, Any]:
@@ -49,7 +55,7 @@ def retrieval_task(data: RetrievalData, *, kfold: int = 10, k: int = DEPTH) -> C
     scores_QxK, indices_QxK = exact_search(queries_QxD, documents_NxD, min(k, len(doc_ids)))
     run_ = metrics_lib.run_from_topk(query_ids, doc_ids, scores_QxK, indices_QxK)
     return _result(data, run_, seconds={"encode_queries": t1 - t0, "encode_documents": t2 - t1,
-                                        "search": time.perf_counter() - t2})
+                                        "search": time.perf_counter() - t2}, extra_metrics=extra_metrics)
 
   return run
 

@@ -75,6 +75,12 @@ def _squad_file(root) -> tuple[str, bool]:
   official = paths.join(root, SQUAD_OFFICIAL_DEV)
   if paths.exists(official):
     return SQUAD_OFFICIAL_DEV, True
+  if not paths.exists(paths.join(root, SQUAD_RECONSTRUCTED_DEV)):
+    # The core download has neither: the official file is optional (no pinned checksum) and the
+    # reconstruction local-only, so plain `st5 data prepare` does not fetch them.
+    raise InputFileError(f"{paths.join(root, SQUAD_OFFICIAL_DEV)} does not exist: run `st5 data prepare --datasets "
+                         f"squad_official --trust-unverified --out {root}` (downloads the official SQuAD v1.1 files "
+                         f"and records their sha256)")
   return SQUAD_RECONSTRUCTED_DEV, False
 
 
