@@ -9,15 +9,17 @@ for anything else (collection error, timeout) -- an error is not a kill.
   python tests/mutations.py                  all mutations
   python tests/mutations.py -k losses optim  only those whose id contains one of the words
   python tests/mutations.py --list           the mutations and their tests
+  python tests/mutations.py --check          apply nothing: every snippet occurs once, every test file exists
   python tests/mutations.py --baseline       first run each distinct test selection unmutated
   tests/run.sh --mutations [args]            the same, in the test environment
 
-116 mutants over losses, Adafactor and AdamW, the schedules, the train step and loop, the poolings,
-layer attention, the checkpoint importers, orbax restore, partitioning rules, batch geometry, the data
-converter, mixing, dedup and iterator state, export (SavedModel, sentence-transformers), ConSERT's
-augmentations, SEED-Encoder's weak decoder, evaluation and early stopping. Each result records the
-test that killed the mutant (the first FAILED line of pytest -x). Not part of the default test run
-(about 3.3 hours of per-mutant time on 2 shared cores, 2026-12-02). Results: docs/testing.md,
+125 mutants over losses (K hard negatives included), Adafactor and AdamW, the schedules, the train step
+and loop, the poolings, layer attention, the checkpoint importers, orbax restore, partitioning rules,
+batch geometry, the data converter, mixing, dedup and iterator state, export (SavedModel,
+sentence-transformers), ConSERT's augmentations, SEED-Encoder's weak decoder, evaluation, early
+stopping, retrieval metrics, BM25 and mining's false-negative filters. Each result records the test
+that killed the mutant (the first FAILED line of pytest -x). Not part of the default test run (the
+116 of 2026-12-02 took about 3.3 hours of per-mutant time on 2 shared cores). Results: docs/testing.md,
 "The mutation check".
 """
 
@@ -62,6 +64,9 @@ EXPORT_ST = ("tests/test_export_sentence_transformers.py", "-k", "parity")
 EXPORT_SM = ("tests/test_export_savedmodel.py", "-k", "tokenization or tf_hub or tf_only_reload or read_the_savedmodel")
 ADAMW = ("tests/test_optim_adamw.py",)
 EARLY = ("tests/test_early_stopping.py", "-k", "best_keeper")
+LOSSES_K = ("tests/test_losses.py", "-k", "k_negatives or weight_moves")
+RET_METRICS = ("tests/test_retrieval_metrics.py", "-k", "ir_measures or known_answers")
+MINE_FILTERS = ("tests/test_mine.py", "-k", "false_negative_filter")
 
 
 def _k(path):
@@ -80,8 +85,11 @@ MUTATIONS = [
     M("losses.temperature_multiplies", "st5_jax/losses.py", "return sims_BxC / temperature",
       "return sims_BxC * temperature", LOSSES, "logits divided by the temperature (eq. 13)"),
     M("losses.hard_negatives_dropped", "st5_jax/losses.py",
-      "cands_CxD = right_BxD if right_neg_BxD is None else jnp.concatenate([right_BxD, right_neg_BxD], axis=0)",
-      "cands_CxD = right_BxD", LOSSES, "hard negatives in the denominator (eq. 14)"),
+      # The negatives leave the softmax only: their logits stay computed (the metrics' shapes hold), so a
+      # test must see the value, not a shape error.
+      "xent_B, correct_B = _softmax_xent(logits_BxC, label_smoothing)",
+      "xent_B, correct_B = _softmax_xent(logits_BxC[:, :B], label_smoothing)", LOSSES,
+      "hard negatives in the denominator (eq. 14)"),
     M("losses.label_smoothing_over_batch", "st5_jax/losses.py", "label_smoothing / C",
       "label_smoothing / B", LOSSES, "smoothing mass spread over all C candidates"),
     M("losses.bidirectional_weight", "st5_jax/losses.py", "loss = 0.5 * (loss + jnp.mean(xent_rev_B))",
@@ -92,6 +100,10 @@ MUTATIONS = [
       ("tests/test_layer_attention.py", "-k", "simcse"), "SimCSE weight on the own hard negative"),
     M("losses.simcse_not_cosine", "st5_jax/losses.py", "left_BxD, right_BxD = _unit(left_BxD), _unit(right_BxD)",
       "pass", ("tests/test_layer_attention.py", "-k", "simcse"), "SimCSE cosine similarity"),
+    M("losses.k_weight_on_first_negative_only", "st5_jax/losses.py", "jnp.tile(jnp.eye(B, dtype=jnp.float32), (1, K))",
+      "jnp.eye(B, K * B, dtype=jnp.float32)", LOSSES_K, "SimCSE's weight on each of the query's own K negatives"),
+    M("losses.k_negatives_rows_not_swapped", "st5_jax/losses.py", "jnp.swapaxes(right_neg, 0, 1).reshape(K * B, D)",
+      "right_neg.reshape(K * B, D)", LOSSES_K, "[B, K, D] negatives as rows k*B + j (the towers' order)"),
     # optim.py
     M("optim.decay_rate_ignored", "st5_jax/optim.py", "decay = 1.0 - t ** (-config.decay_rate)",
       "decay = 1.0 - t ** (-0.3)", OPTIM, "beta2_t = 1 - t^-0.8"),
@@ -122,7 +134,7 @@ MUTATIONS = [
     M("train.no_update", "st5_jax/train.py", "params = optax.apply_updates(state.params, updates)",
       "params = state.params", ("tests/test_train.py", "-k", "loss_goes_down"), "the update is applied"),
     M("train.hard_negatives_not_embedded", "st5_jax/objectives/contrastive.py",
-      "return losses.in_batch_softmax_loss(emb[LEFT], emb[RIGHT], emb.get(RIGHT_NEG), **loss_kw)",
+      "return losses.in_batch_softmax_loss(emb[LEFT], emb[RIGHT], [emb[s] for s in negatives] or None, **loss_kw)",
       "return losses.in_batch_softmax_loss(emb[LEFT], emb[RIGHT], None, **loss_kw)",
       ("tests/test_train.py", "-k", "seqio"), "the step uses the hard negatives"),
     M("train.same_dropout_key_every_step", "st5_jax/train.py", "key = jax.random.fold_in(base_key, state.step)",
@@ -141,14 +153,18 @@ MUTATIONS = [
       "      restored = restore_state(mngr, step, setup)\n",
       "      restored = restore_state(mngr, step, setup) if step == max(mngr.all_steps()) else None\n",
       ("tests/test_train.py", "-k", "corrupt"), "fall back to the surviving checkpoint"),
-    M("train.no_eval_during_training", "st5_jax/hooks.py", "on_score=on_score), every=eval_every)",
-      "on_score=on_score), every=0)", ("tests/test_train.py", "-k", "eval_during"), "STS-B dev eval every eval_every steps"),
+    M("train.no_eval_during_training", "st5_jax/hooks.py", "metric=metric),\n                 every=eval_every)",
+      "metric=metric),\n                 every=0)", ("tests/test_train.py", "-k", "eval_during"),
+      "STS-B dev eval every eval_every steps"),
+    # A ShardedEncoder rebuilt around the same `encode` hits JAX's jit caches (no new XLA compile, so the
+    # compile-count test passes), but it compiles its buckets again through compile_together (a barrier per
+    # bucket on a pod): the seqio test records those calls by name.
     M("train.eval_encoder_rebuilt_per_call", "st5_jax/evaluation/in_training.py",
-      "  evaluator = DevEvaluator(encoder, metrics=metrics, data_dir=data_dir)\n  return evaluator\n",
-      "  return lambda params: DevEvaluator(ShardedEncoder(encode, param_keys=param_keys, max_length=max_length,\n"
-      "      mesh=mesh, param_shardings=param_shardings, tokenizer=vocab_lib.Tokenizer(vocab_file),\n"
-      "      batch_size=batch_size), metrics=metrics, data_dir=data_dir)(params)\n",
-      ("tests/test_train.py", "-k", "compiles_its_encoder_once"), "one compiled STS-B dev encoder for the run"),
+      "  return DevEvaluator(sharded(encode, param_keys), metrics=metrics, data_dir=data_dir,\n"
+      "                      document_encoder=None if document is None else sharded(*document))\n",
+      "  return lambda params: DevEvaluator(sharded(encode, param_keys), metrics=metrics, data_dir=data_dir,\n"
+      "                      document_encoder=None if document is None else sharded(*document))(params)\n",
+      ("tests/test_train.py", "-k", "seqio"), "one compiled STS-B dev encoder for the run"),
     M("grad_cache.other_masks_in_backward", "st5_jax/objectives/grad_cache.py",
       "_, vjp = jax.vjp(lambda p: embed(p, inputs_b, k), params)",
       "_, vjp = jax.vjp(lambda p: embed(p, inputs_b, jax.random.fold_in(k, 1)), params)",
@@ -408,6 +424,26 @@ MUTATIONS = [
     M("early_stopping.patience_not_restored", "st5_jax/hooks.py",
       'self.bad: int = int(r.get("bad_evaluations", 0))', "self.bad: int = 0", EARLY,
       "a resumed run keeps its patience count"),
+    # retrieval metrics (retrieval/metrics.py), BM25 (retrieval/bm25.py), mining's false-negative filters
+    M("retrieval.mrr_cutoff_off_by_one", "st5_jax/retrieval/metrics.py",
+      "1.0 / (first + 1) if first is not None and first < k", "1.0 / (first + 1) if first is not None and first <= k",
+      RET_METRICS, "MRR@k counts a first relevant document at ranks 1..k only"),
+    M("retrieval.ndcg_natural_log", "st5_jax/retrieval/metrics.py",
+      "      dcg = sum(g / math.log2(i + 2)", "      dcg = sum(g / math.log(i + 2)", RET_METRICS,
+      "DCG discounts by log2(rank + 1), as its ideal DCG"),
+    M("retrieval.map_over_min_k_r", "st5_jax/retrieval/metrics.py", "value = precision_sum[cut] / n_relevant",
+      "value = precision_sum[cut] / min(k, n_relevant)", RET_METRICS,
+      "MAP@k divides by R (trec_eval map_cut), not sentence-transformers' min(k, R)"),
+    M("bm25.k1_b_ignored", "st5_jax/retrieval/bm25.py", 'bm25s.BM25(method="lucene", k1=k1, b=b)',
+      'bm25s.BM25(method="lucene")', ("tests/test_mine.py", "tests/test_evaluation_retrieval.py", "-k",
+                                     "numpy_lucene_bm25 or bm25_row_equals"), "BM25 scores with the given k1 and b"),
+    M("mine.range_min_off_by_one", "st5_jax/data/offline/mine.py", "    if rank < config.range_min:\n",
+      "    if rank <= config.range_min:\n", MINE_FILTERS, "range_min drops ranks 0..range_min-1"),
+    M("mine.margin_flipped", "st5_jax/data/offline/mine.py", "score > margin_limit", "score < margin_limit",
+      MINE_FILTERS, "margin drops candidates scoring above p - margin"),
+    M("mine.relative_margin_scales_p", "st5_jax/data/offline/mine.py",
+      "floor - abs(floor) * config.relative_margin", "floor * (1 - config.relative_margin)", MINE_FILTERS,
+      "relative_margin stays below p when p < 0"),
 ]
 
 
@@ -419,6 +455,20 @@ def _copy_repo(dst: pathlib.Path) -> None:
     if src.is_file():
       (dst / f).parent.mkdir(parents=True, exist_ok=True)
       shutil.copy2(src, dst / f)
+
+
+def stale(mutations=MUTATIONS, root: pathlib.Path = REPO) -> list[str]:
+  """One line per problem that would stop a run: a snippet not found exactly once, a missing test file, a
+  repeated id (nothing is applied; the check reads the files under `root`)."""
+  problems = [f"{i}: the id is used twice" for i in sorted({m.id for m in mutations})
+              if sum(m.id == i for m in mutations) > 1]
+  for m in mutations:
+    path = root / m.path
+    n = path.read_text().count(m.old) if path.is_file() else 0
+    if n != 1:
+      problems.append(f"{m.id}: the snippet occurs {n} times in {m.path}: {m.old!r}")
+    problems += [f"{m.id}: no test file {t}" for t in m.tests if t.endswith(".py") and not (root / t).is_file()]
+  return problems
 
 
 def _apply(root: pathlib.Path, m: Mutation) -> None:
@@ -458,11 +508,17 @@ def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("-k", nargs="*", default=[], help="run mutations whose id contains any of these words")
   ap.add_argument("--list", action="store_true")
+  ap.add_argument("--check", action="store_true",
+                  help="apply nothing; exit 1 listing each snippet not found exactly once, missing test file, repeated id")
   ap.add_argument("--baseline", action="store_true", help="run each test selection unmutated first")
   ap.add_argument("--timeout", type=int, default=1200)
   ap.add_argument("--json", help="write the results here")
   args = ap.parse_args(argv)
   chosen = [m for m in MUTATIONS if (not args.k or any(w in m.id for w in args.k))]
+  if args.check:
+    problems = stale(chosen)
+    print("\n".join(problems) if problems else f"all {len(chosen)} snippets occur exactly once")
+    return 1 if problems else 0
   if args.list:
     for m in chosen:
       print(f"{m.id:40s} {m.path:32s} {' '.join(m.tests)}")
