@@ -275,3 +275,32 @@ def test_light_evaluation_modules_load_no_heavy_library():
                        cwd=ROOT.parent)
   assert out.returncode == 0, out.stderr[-3000:]
   assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def _loaded_after(code: str) -> list[str]:
+  """Modules of st5_jax.data.offline that `code` leaves loaded, in a fresh interpreter."""
+  import json  # pylint: disable=g-import-not-at-top  (this test only)
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  watched = ("st5_jax.data.offline",)
+  code = (f"import json, sys\n{code}\nwatched = {watched!r}\n"
+          "print(json.dumps(sorted(m for m in sys.modules if any(m == w or m.startswith(w + '.') for w in watched))))")
+  out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300,
+                       cwd=ROOT.parent)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_training_and_its_gin_layer_load_no_offline_module():
+  # At run time: `st5 train` imports the gin layer and the trainer and builds the run from a gin file; none of it
+  # loads st5_jax/data/offline (mining) unless a refresh (ANCE) runs, which needs it.
+  plain = ("import st5_jax.gin_config as g, st5_jax.train\n"
+           "g.parse_gin(['st5_tiny_cpu.gin'], [])\nassert g.run_spec().negatives_refresh is None")
+  assert _loaded_after(plain) == []
+  ance = ("import st5_jax.gin_config as g, st5_jax.train\n"
+          "g.parse_gin(['ance_tiny_cpu.gin'], ['NegativesRefresh.seed = 4'])\n"
+          "r = g.run_spec().negatives_refresh\n"
+          "assert (type(r).__name__, r.every, r.seed) == ('NegativesRefresh', 100, 4)\n"
+          "r.mine_config()")  # what a refresh does first: the watcher sees the import
+  assert _loaded_after(ance) == ["st5_jax.data.offline", "st5_jax.data.offline.mine"]
+

@@ -300,9 +300,9 @@ def test_pairs_of_a_registered_task_and_a_tsv(files, tmp_path):
   assert manifest["counts"]["queries"] == 6 and manifest["counts"]["filtered"]["positive"] > 0
 
 
-def _model(directory, vocab_path):
+def _model(directory, vocab_path, seed=0):
   cfg = configs.ST5Config(t5=configs.t5_size("t5_tiny"), pooling="enc_mean", embedding_dim=16, max_length=32)
-  params = jax.device_get(nn.unbox(init_params(cfg, jax.random.PRNGKey(0))))
+  params = jax.device_get(nn.unbox(init_params(cfg, jax.random.PRNGKey(seed))))
   native.save_model(directory, cfg, params, step=1, vocab_file=vocab_path)
   return str(directory)
 
@@ -342,3 +342,45 @@ def test_dense_mining_ranks_by_the_models_embeddings_and_reads_a_given_index(fil
   np.testing.assert_allclose([s for r in again for s in r["neg_scores"]], [s for r in rows for s in r["neg_scores"]],
                              atol=1e-5)
   assert json.loads((out2 / "manifest.json").read_text())["scorer"]["index"] == str(tmp_path / "out" / "index")
+
+
+def _tree(out):
+  """{path under out: bytes} of every file, index/ included."""
+  return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_dense_mining_into_another_runs_folder_is_refused_before_anything_is_written(files, tmp_path, vocab_path,
+                                                                                      capsys):
+  model = _model(tmp_path / "model", vocab_path)
+  out = tmp_path / "out"
+  pairs = files / "pairs.jsonl"
+  dense = ["data", "mine", "--method", "dense", "--model", model, "--out", str(out), "--num_negatives", "2",
+           "--range_max", "5", "--batch_size", "8", "--shard_size", "6"]
+  assert cli.main([*dense, "--pairs", str(pairs)]) == 0
+  first = _tree(out)
+  assert {"corpus.jsonl", "index/manifest.json", "manifest.json", "part-00002.json"} <= set(first), sorted(first)
+
+  # Other pairs (and with them another corpus, their positives): refused in one line, out/corpus.jsonl and
+  # out/index as they were (dense mining writes both before it mines).
+  fewer = tmp_path / "fewer.jsonl"
+  fewer.write_text("".join(pairs.read_text().splitlines(keepends=True)[1:]))
+  capsys.readouterr()
+  rc = cli.main([*dense, "--pairs", str(fewer)])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert rc == cli.USER_ERROR_EXIT and len(err) == 1, err
+  assert "holds mined negatives of another run" in err[0] and "another --out" in err[0], err
+  assert _tree(out) == first
+
+  # The same pairs and settings with another model: refused by its index, nothing changed either.
+  other = _model(tmp_path / "other", vocab_path, seed=1)
+  mined_pairs = mine_lib.read_pairs([str(pairs)])
+  with pytest.raises(mine_lib.MineMismatchError, match="of another run, whose index/ is of another model"):
+    mine_lib.mine(mined_pairs, mine_lib.positives_corpus(mined_pairs), str(out),
+                  mine_lib.MineConfig(method="dense", num_negatives=2, range_max=5), model=other, batch_size=8,
+                  shard_size=6)
+  assert _tree(out) == first
+
+  # The first run again is no other run: every part kept.
+  assert cli.main([*dense, "--pairs", str(pairs)]) == 0
+  assert capsys.readouterr().err.count("finished by an earlier run, kept") == 3
+  assert _tree(out) == first

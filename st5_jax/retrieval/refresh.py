@@ -56,12 +56,19 @@ from jax.experimental import multihost_utils
 from st5_jax import hooks, multihost, paths, train
 from st5_jax import vocab as vocab_lib
 from st5_jax.data import registry
-from st5_jax.data.offline import mine as mine_lib
 from st5_jax.evaluation import in_training
 from st5_jax.features import negative_features
 from st5_jax.retrieval import search
 
 log = logging.getLogger(__name__)
+
+
+def _mine_lib():
+  """st5_jax.data.offline.mine, imported when a refresh runs: `st5 train` without one imports no offline module
+  (gin registers this class at every start; tests/test_imports.py)."""
+  from st5_jax.data.offline import mine  # pylint: disable=g-import-not-at-top
+
+  return mine
 
 MODES = ("sync", "checkpoint")
 FOLDER = "negatives"  # under the work dir
@@ -118,8 +125,8 @@ class NegativesRefresh:
                          "pairs_files (JSON lines {query, pos}, TSV, CSV), one of them")
       self.mine_config().check()
 
-  def mine_config(self) -> mine_lib.MineConfig:
-    return mine_lib.MineConfig(method="dense", num_negatives=self.mined_per_query or self.num_negatives,
+  def mine_config(self):  # -> st5_jax.data.offline.mine.MineConfig
+    return _mine_lib().MineConfig(method="dense", num_negatives=self.mined_per_query or self.num_negatives,
                                range_min=self.range_min, range_max=self.range_max, margin=self.margin,
                                relative_margin=self.relative_margin, keep_equal_to_positive=self.keep_equal_to_positive,
                                sampling=self.sampling, seed=self.seed)
@@ -191,10 +198,10 @@ class Refresher:
     if self.config.mode != "sync":
       return
     c = self.config
-    self.pairs = (mine_lib.task_pairs(c.pairs_task, c.pairs_split) if c.pairs_task is not None
-                  else mine_lib.read_pairs(c.pairs_files))
-    self.corpus = (mine_lib.files_corpus(c.corpus_files) if c.corpus_files is not None
-                   else mine_lib.positives_corpus(self.pairs))
+    self.pairs = (_mine_lib().task_pairs(c.pairs_task, c.pairs_split) if c.pairs_task is not None
+                  else _mine_lib().read_pairs(c.pairs_files))
+    self.corpus = (_mine_lib().files_corpus(c.corpus_files) if c.corpus_files is not None
+                   else _mine_lib().positives_corpus(self.pairs))
     towers = context.setup.objective.inference_towers(context.model_config)
     tokenizer = vocab_lib.Tokenizer(context.vocab_file)
 
@@ -255,7 +262,7 @@ class Refresher:
     scorer = _Scorer(lambda texts: self._queries(params, texts), lambda texts: self._documents(params, texts),
                      self.corpus.texts, d_NxD)
     t1 = time.perf_counter()
-    rows, counts = mine_lib.mine_rows(self.pairs, self.corpus, scorer, self.config.mine_config(), 0,
+    rows, counts = _mine_lib().mine_rows(self.pairs, self.corpus, scorer, self.config.mine_config(), 0,
                                       len(self.pairs.queries))
     seconds.update(scorer.seconds, select=time.perf_counter() - t1 - sum(scorer.seconds.values()))
     t2 = time.perf_counter()
@@ -289,7 +296,7 @@ class Refresher:
   # ------------------------------------------------------------------------------------------- checkpoint
 
   def _manifest(self, g: int) -> dict | None:
-    path = self._path(f"gen-{g:05d}", mine_lib.MANIFEST)
+    path = self._path(f"gen-{g:05d}", _mine_lib().MANIFEST)
     try:
       return json.loads(paths.read_text(path))
     except (FileNotFoundError, ValueError):
@@ -298,7 +305,7 @@ class Refresher:
   def newest_finished(self) -> int:
     """The largest g of WORKDIR/negatives/gen-{g:05d}/ holding a manifest.json (0: none)."""
     found = [0]
-    for manifest in paths.glob(self._path("gen-*", mine_lib.MANIFEST)):
+    for manifest in paths.glob(self._path("gen-*", _mine_lib().MANIFEST)):
       m = _FINISHED_GENERATION.match(paths.path(manifest).parent.name)
       if m:
         found.append(int(m.group(1)))

@@ -32,7 +32,8 @@ Output folder (local or gs://):
                      {"query": str, "pos": [str, ...], "neg": [str, ...]} (FlagEmbedding's and Tevatron's
                      training format), plus "neg_ids" (corpus ids) with with_ids and "pos_scores" /
                      "neg_scores" with with_scores (FlagEmbedding's distillation keys)
-  part-00000.json    its counts, sha256 and the run's identity: written last, it marks the part finished
+  part-00000.json    its counts, sha256 and the run's identity (and input_identity: the same without the
+                     scorer, checked before anything is written): written last, it marks the part finished
   ...
   corpus.jsonl       (dense, corpus = the positives) the positives as a corpus file, ids p0, p1, ...
   index/             (dense without an index given) the corpus's st5 index
@@ -46,7 +47,8 @@ devices for dense; no collective crosses processes but st5 index's and the barri
 manifest after a barrier. Sharded processes rather than a Beam pipeline: dense mining needs the model on the
 accelerators the training hosts have, which Beam workers lack, and BM25 over an in-memory corpus parallelises
 over queries just as well. Resumable: a rerun keeps every part whose JSON matches the run and whose
-lines still hash to it, and mines the rest; an --out holding parts of another run is refused.
+lines still hash to it, and mines the rest; an --out holding parts of another run is refused (MineMismatchError)
+before anything is written to it.
 Memory: every process holds the pairs, the corpus texts and (bm25) its index; searching is blocked
 (st5_jax.retrieval.search), so no [queries, corpus] matrix is ever made.
 """
@@ -472,7 +474,11 @@ def _finished(out: str, s: int, identity: str, queries: int) -> tuple[bool, str]
   return True, ""
 
 
-def _check_no_mixing(out: str, identity: str, describe: str) -> None:
+def _check_no_mixing(out: str, describe: str, *, identity: str | None = None,
+                     input_identity: str | None = None) -> None:
+  """MineMismatchError when out's manifest or a part JSON is of another run: another identity, or another
+  input_identity (settings, pairs, corpus, shard size: known before dense mining writes out/corpus.jsonl and
+  out/index; absent from parts of older versions, which the identity check after the setup still refuses)."""
   found = []
   manifest = _read_json(paths.join(out, MANIFEST)) if paths.exists(paths.join(out, MANIFEST)) else None
   if manifest:
@@ -482,7 +488,9 @@ def _check_no_mixing(out: str, identity: str, describe: str) -> None:
     if meta:
       found.append((os.path.basename(f), meta))
   for name, meta in found:
-    if meta.get("identity") != identity:
+    other_identity = identity is not None and meta.get("identity") != identity
+    other_inputs = input_identity is not None and "input_identity" in meta and meta["input_identity"] != input_identity
+    if other_identity or other_inputs:
       raise MineMismatchError(f"{out} holds mined negatives of another run ({name}: {meta.get('describe')}); this "
                               f"run: {describe}. Pass another --out, or delete {out} to mine again")
 
@@ -537,19 +545,22 @@ def mine(pairs: Pairs, corpus: Corpus, out: str, config: MineConfig, *, model: s
     raise NotADirectoryError(f"--out {out} is a file; mined negatives are a folder")
   proc, procs = jax.process_index(), jax.process_count()
 
+  inputs = {"settings": dataclasses.asdict(config), "pairs": pairs.fingerprint, "corpus": corpus.fingerprint,
+            "shard_size": shard_size}
+  input_identity = _sha256(json.dumps(inputs, sort_keys=True).encode())
+  describe = (f"{config.method} k={config.num_negatives} range=[{config.range_min}, {config.range_max}) over "
+              f"{len(pairs.queries)} queries (pairs {pairs.fingerprint[:12]}), corpus {corpus.fingerprint[:12]}")
+  # Before anything is written (dense: out/corpus.jsonl, out/index): another run's folder is left as it is.
+  _check_no_mixing(out, describe, input_identity=input_identity)
   index, loaded, scorer_info = None, None, {"method": config.method}
   if config.method == "bm25":
     scorer_info.update(k1=config.k1, b=config.b)
   else:
     index, loaded, scorer_info = _dense_setup(corpus, out, model=model, index_dir=index_dir, batch_size=batch_size,
                                               max_length=max_length, checkpoint=checkpoint, devices=devices, say=say)
-  settings = dataclasses.asdict(config)
-  ident = {"settings": settings, "pairs": pairs.fingerprint, "corpus": corpus.fingerprint, "scorer": scorer_info,
-           "shard_size": shard_size}
+  ident = dict(inputs, scorer=scorer_info)
   identity = _sha256(json.dumps(ident, sort_keys=True).encode())
-  describe = (f"{config.method} k={config.num_negatives} range=[{config.range_min}, {config.range_max}) over "
-              f"{len(pairs.queries)} queries (pairs {pairs.fingerprint[:12]}), corpus {corpus.fingerprint[:12]}")
-  _check_no_mixing(out, identity, describe)
+  _check_no_mixing(out, describe, identity=identity)  # the scorer too (dense: the model, the index)
   paths.mkdir(out)
 
   n = len(pairs.queries)
@@ -579,7 +590,8 @@ def mine(pairs: Pairs, corpus: Corpus, out: str, config: MineConfig, *, model: s
       lo, hi = s * shard_size, min(n, (s + 1) * shard_size)
       rows, counts = mine_rows(pairs, corpus, scorer, config, lo, hi)
       data = _encode_rows(rows)
-      meta = {"part": s, "identity": identity, "describe": describe, "counts": counts, "sha256": _sha256(data)}
+      meta = {"part": s, "identity": identity, "input_identity": input_identity, "describe": describe,
+              "counts": counts, "sha256": _sha256(data)}
       paths.write_bytes(paths.join(out, part_name(s) + ".jsonl"), data)
       paths.write_bytes(paths.join(out, part_name(s) + ".json"), _dumps(meta))  # last: the part is finished
       seconds = time.perf_counter() - start
@@ -589,8 +601,8 @@ def mine(pairs: Pairs, corpus: Corpus, out: str, config: MineConfig, *, model: s
           f"{config.num_negatives}) in {seconds:.1f}s")
   multihost.barrier("st5_mine:parts")
   if multihost.is_lead():
-    report.manifest = _finish(out, num_parts=num_parts, identity=identity, ident=ident, pairs=pairs, corpus=corpus,
-                              index_dir=index_dir)
+    report.manifest = _finish(out, num_parts=num_parts, identity=identity, input_identity=input_identity,
+                              ident=ident, pairs=pairs, corpus=corpus, index_dir=index_dir)
   multihost.barrier("st5_mine:manifest")
   return report
 
@@ -612,8 +624,12 @@ def _dense_setup(corpus: Corpus, out: str, *, model, index_dir, batch_size, max_
       multihost.barrier("st5_mine:corpus")
       files = [target]
     index_dir = paths.join(out, "index")
-    index_lib.build_index(model, files, index_dir, batch_size=batch_size, max_length=max_length,
-                          checkpoint=checkpoint, ann="none", devices=devices, progress=say)
+    try:
+      index_lib.build_index(model, files, index_dir, batch_size=batch_size, max_length=max_length,
+                            checkpoint=checkpoint, ann="none", devices=devices, progress=say)
+    except index_lib.IndexMismatchError as e:  # the same inputs mined with another model before: refused untouched
+      raise MineMismatchError(f"{out} holds mined negatives of another run, whose index/ is of another model or "
+                              f"corpus; pass another --out, or delete {out} to mine again ({e})") from e
   index = index_lib.Index.open(index_dir)
   if index.ids != corpus.ids:
     raise ValueError(f"the index {index_dir} holds {len(index)} documents whose ids are not the corpus's "
@@ -625,8 +641,8 @@ def _dense_setup(corpus: Corpus, out: str, *, model, index_dir, batch_size, max_
                          "index_corpus_fingerprint": index.manifest["corpus"]["fingerprint"]}
 
 
-def _finish(out: str, *, num_parts: int, identity: str, ident: dict, pairs: Pairs, corpus: Corpus,
-            index_dir: str | None) -> dict:
+def _finish(out: str, *, num_parts: int, identity: str, input_identity: str, ident: dict, pairs: Pairs,
+            corpus: Corpus, index_dir: str | None) -> dict:
   """The lead, after every process's parts are written: the manifest."""
   totals = {"queries": 0, "candidates": 0, "filtered": dict.fromkeys(REASONS, 0), "mined": 0, "short": 0,
             "empty": 0}
@@ -643,7 +659,8 @@ def _finish(out: str, *, num_parts: int, identity: str, ident: dict, pairs: Pair
       totals["filtered"][reason] += c["filtered"][reason]
     parts.append({"name": part_name(s) + ".jsonl", "queries": c["queries"], "sha256": meta["sha256"]})
   manifest = {
-      "format": FORMAT, "identity": identity, "describe": meta["describe"] if parts else "",
+      "format": FORMAT, "identity": identity, "input_identity": input_identity,
+      "describe": meta["describe"] if parts else "",
       "settings": ident["settings"], "scorer": dict(ident["scorer"], index=index_dir),
       "shard_size": ident["shard_size"],
       "pairs": {"source": pairs.source, "fingerprint": pairs.fingerprint, "rows": pairs.stats},
