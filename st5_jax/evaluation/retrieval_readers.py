@@ -29,6 +29,7 @@ import csv
 import dataclasses
 import io
 import json
+import logging
 from typing import Any
 
 from st5_jax import paths
@@ -42,6 +43,8 @@ SEMEVAL_B = "semeval2016_task3_cqa_cleaned/Subtask_B_{split}-BASE.csv"
 WIKIQA = "qa_pairs/wikiqa/WikiQA-{split}.tsv"
 TRECQA = "qa_pairs/trecqa_wang/{split}.csv"
 SEMEVAL_B_GRADES = {"PerfectMatch": 2, "Relevant": 1, "Irrelevant": 0}
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,17 +165,26 @@ def _assemble(pairs: list[tuple[str, str, int]], query_prefix: str = "q", doc_pr
 
 
 def read_semeval_b(root, *, split: str = "TEST") -> RetrievalData:
-  """SemEval-2016 Task 3 subtask B, `split` TEST / VAL / TRAIN: graded PerfectMatch 2, Relevant 1."""
+  """SemEval-2016 Task 3 subtask B, `split` TEST / VAL / TRAIN: graded PerfectMatch 2, Relevant 1.
+
+  A related question whose text is the original question's is left out: TEST lists 39 originals as their own
+  PerfectMatch, which any encoder ranks first (in a search, the query itself is no answer; BEIR's
+  ignore_identical_ids). VAL and TRAIN have none.
+  """
   path, rows = _csv_rows(root, SEMEVAL_B.format(split=split))
-  pairs = []
+  pairs, itself = [], 0
   for line, row in enumerate(rows, 2):
     _need(path, row, line, ("question", "rel_question", "labels"))
     label = row["labels"].strip()
     if label not in SEMEVAL_B_GRADES:
       raise BadRowError(f"{path}:{line}: label {label!r} outside {sorted(SEMEVAL_B_GRADES)}")
     q, d = clean_cqa_text(row["question"]), clean_cqa_text(row["rel_question"])
-    if q and d:
+    if q and q == d:
+      itself += 1
+    elif q and d:
       pairs.append((q, d, SEMEVAL_B_GRADES[label]))
+  if itself:
+    log.info("%s: %d related questions identical to their original question left out", path, itself)
   return _assemble(pairs)
 
 
