@@ -37,6 +37,7 @@ import fnmatch
 import glob as glob_lib
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from typing import IO, Callable, Iterator, Union
@@ -158,6 +159,18 @@ def read_head(p: PathLike, n: int) -> bytes:
 
 def open_file(p: PathLike, mode: str = "rb") -> IO:
   return path(p).open(mode)
+
+
+def remove_interrupted_writes(folder: PathLike, prefix: str, numbers: set[int]) -> list[str]:
+  """Removes the temporary files `write_bytes` left in a local `folder` for `PREFIX-<n>.<ext>` with n in
+  `numbers` (a write killed before its rename; GCS writes leave none). Returns the names removed."""
+  if is_remote(folder) or not os.path.isdir(folder):
+    return []
+  pattern = re.compile(rf"^\.({re.escape(prefix)}-(\d+)\.[a-z]+)\.tmp-\d+$")
+  removed = [n for n in os.listdir(folder) if (m := pattern.match(n)) and int(m.group(2)) in numbers]
+  for name in removed:
+    os.remove(os.path.join(folder, name))
+  return removed
 
 
 def write_bytes(p: PathLike, data: bytes) -> None:

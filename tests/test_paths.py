@@ -86,3 +86,20 @@ def test_data_dir_and_vocabulary_on_gcs(gcs, data_dir, monkeypatch):
   assert vocab_lib.Tokenizer(paths.vocab_path()).encode(["Hello world"], max_length=8) == [[8774, 296, 1]]
   with pytest.raises(paths.MissingFileError, match="does not exist"):
     paths.data_dir(gcs.url("paths", "no_such_dir"))
+
+
+def test_remove_interrupted_writes_removes_only_the_named_parts_temporary_files(tmp_path):
+  """A killed `write_bytes` leaves `.NAME.tmp-PID`; a resumed writer removes its own parts' leftovers only."""
+  names = [".part-00003.jsonl.tmp-41", ".part-00004.jsonl.tmp-7", ".shard-00003.npy.tmp-41", "part-00003.jsonl",
+           ".part-00003.jsonl"]
+  for name in names:
+    (tmp_path / name).write_text("x")
+  removed = paths.remove_interrupted_writes(str(tmp_path), "part", {3})
+  assert removed == [".part-00003.jsonl.tmp-41"]
+  assert sorted(os.listdir(tmp_path)) == sorted(set(names) - set(removed))
+  assert paths.remove_interrupted_writes(str(tmp_path / "missing"), "part", {3}) == []
+  # The real leftover of a write: the temporary name write_bytes uses.
+  target = tmp_path / "shard-00009.npy"
+  tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+  tmp.write_bytes(b"half")
+  assert paths.remove_interrupted_writes(str(tmp_path), "shard", {9}) == [tmp.name]

@@ -48,7 +48,6 @@ import io
 import json
 import logging
 import os
-import re
 import time
 from typing import Any, Callable, Iterator, Sequence
 
@@ -65,7 +64,6 @@ MANIFEST = "manifest.json"
 DEFAULT_SHARD_SIZE = 65536
 PARAM_SHARDINGS = ("auto", "replicated", "fsdp")
 FSDP_MEMORY_FRACTION = 0.25  # auto: fsdp when float32 parameters exceed this share of a device's memory
-_TMP = re.compile(r"^\.(shard-(\d+)\.[a-z]+)\.tmp-\d+$")  # paths.write_bytes' temporary files
 
 
 class IndexMismatchError(ValueError):
@@ -312,14 +310,9 @@ def _check_no_mixing(out: str, ident: dict) -> None:
 
 
 def _remove_stale(out: str, shards: set[int]) -> None:
-  """Temporary files of this process's shards left by a killed write (local folders; GCS has none)."""
-  if paths.is_remote(out) or not os.path.isdir(out):
-    return
-  for name in os.listdir(out):
-    m = _TMP.match(name)
-    if m and int(m.group(2)) in shards:
-      log.info("removing %s (a write interrupted by a kill)", name)
-      os.remove(os.path.join(out, name))
+  """Temporary files of these shards left by a killed write."""
+  for name in paths.remove_interrupted_writes(out, "shard", shards):
+    log.info("removed %s (a write interrupted by a kill)", name)
 
 
 def _finished(out: str, s: int, ident: dict, count: int) -> tuple[bool, str]:

@@ -61,7 +61,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -82,7 +81,6 @@ DEFAULT_SHARD_SIZE = 10_000  # queries a part file
 METHODS = ("bm25", "dense")
 SAMPLING = ("top", "random")
 REASONS = ("range_min", "positive", "equal_to_positive", "margin", "relative_margin")
-_TMP = re.compile(r"^\.(part-(\d+)\.[a-z]+)\.tmp-\d+$")  # paths.write_bytes' temporary files
 
 
 class MineMismatchError(ValueError):
@@ -495,16 +493,6 @@ def _check_no_mixing(out: str, describe: str, *, identity: str | None = None,
                               f"run: {describe}. Pass another --out, or delete {out} to mine again")
 
 
-def _remove_stale(out: str, parts: set[int]) -> None:
-  """Temporary files of this process's parts left by a killed write (local folders; GCS has none)."""
-  if paths.is_remote(out) or not os.path.isdir(out):
-    return
-  for name in os.listdir(out):
-    m = _TMP.match(name)
-    if m and int(m.group(2)) in parts:
-      os.remove(os.path.join(out, name))
-
-
 # ------------------------------------------------------------------------------------------------ the run
 
 
@@ -566,7 +554,7 @@ def mine(pairs: Pairs, corpus: Corpus, out: str, config: MineConfig, *, model: s
   n = len(pairs.queries)
   num_parts = -(-n // shard_size)
   owned = [s for s in range(num_parts) if s % procs == proc]
-  _remove_stale(out, set(owned))
+  paths.remove_interrupted_writes(out, "part", set(owned))  # a killed write's temporary files
   todo, skipped = [], []
   for s in owned:
     done, why = _finished(out, s, identity, min(shard_size, n - s * shard_size))
