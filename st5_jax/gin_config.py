@@ -19,8 +19,9 @@ from typing import Any
 import gin
 from gin import config_parser
 
-from st5_jax import configs, inference, multihost, objectives, optim, partitioning, paths, train
+from st5_jax import configs, inference, multihost, objectives, optim, partitioning, paths, provenance, train
 from st5_jax import hooks as hooks_lib
+from st5_jax.checkpoints import lease as lease_lib
 from st5_jax.data import config as data_config
 # Imported for their gin configurables (st5_jax.data.options, user_qa_pairs, ...), which must
 # exist before a file is parsed; the objectives' task modules (seed_user_text, ...) are
@@ -350,16 +351,24 @@ def run_spec() -> RunSpec:
   return spec
 
 
-def train_from_gin(*, workdir: str, progress: bool = True) -> train.TrainResult:
-  """Trains with the parsed gin config; writes config.gin and operative_config.gin to the work dir."""
+def train_from_gin(*, workdir: str, progress: bool = True, lease: lease_lib.LeaseOptions = lease_lib.LeaseOptions(),
+                   allow_config_change: bool = False) -> train.TrainResult:
+  """Trains with the parsed gin config, holding the work dir's lease (st5_jax/checkpoints/lease.py).
+
+  A start writes config.gin and operative_config.gin to the work dir; a resume checks its operative
+  bindings against the recorded ones (st5_jax/provenance.py: a change outside its allow-list needs
+  `allow_config_change`) and records any change in config_history.json.
+  """
   spec = run_spec()
   vocab_file = paths.vocab_path(spec.vocab)
   eval_data_dir = data_config.data_dir(required=False)  # STS-B dev: the folder the tasks read
-  if multihost.is_lead():
-    paths.write_text(paths.join(workdir, "config.gin"), gin.config_str())
-    paths.write_text(paths.join(workdir, "operative_config.gin"), gin.operative_config_str())
-  return train.train(workdir=workdir, model_config=spec.model, train_config=spec.train_config,
-                     make_iterator=spec.data, mesh_config=spec.mesh, init_from=spec.init_from,
-                     init_projection=spec.init_projection, vocab_file=vocab_file, eval_data_dir=eval_data_dir,
-                     rules=spec.rules, progress=progress, run_info={"target": spec.target} if spec.target else None,
-                     hooks=[spec.negatives_refresh.hook(spec.data)] if spec.negatives_refresh else [])
+  config_text, operative_text = gin.config_str(), gin.operative_config_str()
+  with lease_lib.hold(workdir, lease) as held:  # before anything is written to the work dir
+    provenance.check_and_record(workdir, config_text=config_text, operative_text=operative_text,
+                                allow_change=allow_config_change, write=multihost.is_lead())
+    return train.train(workdir=workdir, model_config=spec.model, train_config=spec.train_config,
+                       make_iterator=spec.data, mesh_config=spec.mesh, init_from=spec.init_from,
+                       init_projection=spec.init_projection, vocab_file=vocab_file, eval_data_dir=eval_data_dir,
+                       rules=spec.rules, progress=progress,
+                       run_info={"target": spec.target} if spec.target else None,
+                       hooks=[spec.negatives_refresh.hook(spec.data)] if spec.negatives_refresh else [], lease=held)

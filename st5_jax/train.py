@@ -14,6 +14,10 @@ Resuming: a work dir that holds a committed checkpoint is restored (params, opti
 state, step, data-iterator position), so rerunning the same command after an
 interruption yields the same parameters as an uninterrupted run. Dropout keys are
 `fold_in(PRNGKey(seed), step)`, so they need no saved state.
+
+One trainer per work dir: `train` holds the work dir's lease (st5_jax/checkpoints/lease.py) and
+stops with WorkdirLeaseLostError before a checkpoint (or, with one process, any step's writes)
+once another trainer took it over.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ import optax
 from jax.sharding import Mesh
 from tqdm import tqdm
 
-from st5_jax import multihost, objectives, optim, partitioning, paths
+from st5_jax import multihost, objectives, optim, partitioning, paths, provenance
 from st5_jax import hooks as hooks_lib
+from st5_jax.checkpoints import lease as lease_lib
 from st5_jax.checkpoints import native, storage
 from st5_jax.checkpoints.state import BestSaver, restore_latest_good, save_state
 from st5_jax.configs import ST5Config
@@ -266,7 +271,8 @@ def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: 
           init_from: str | None = None, init_projection: str = "auto", vocab_file: str,
           eval_data_dir: str | None = None, rules=partitioning.DEFAULT_RULES, progress: bool = True,
           run_info: Mapping[str, Any] | None = None, stop_after_steps: int | None = None,
-          hooks: Sequence[hooks_lib.Hook] = ()) -> TrainResult:
+          hooks: Sequence[hooks_lib.Hook] = (),
+          lease: lease_lib.LeaseOptions | lease_lib.Held = lease_lib.LeaseOptions()) -> TrainResult:
   """Trains (or resumes) in `workdir`; returns the final step and a summary.
 
   init_from: a pre-trained model in any format `SentenceEncoder.load` reads; its T5
@@ -279,16 +285,25 @@ def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: 
   hooks: the caller's own (st5_jax.hooks.Hook), run after the evaluation and before the
     checkpoint of each step; one may replace the batch stream and keep state in the checkpoint;
     `Hook.start` gets the run's context (st5_jax.hooks.RunContext) once, before any resume.
+  lease: how to hold the work dir's lease for the call (LeaseOptions: expiry, renewal, takeover), or one
+    the caller already holds (lease.hold, as gin_config.train_from_gin does). Another trainer's lease is a
+    lease.WorkdirInUseError, raised before anything is written.
 
   A work dir that stops taking writes (disk full, permissions) raises storage.WorkdirWriteError
   naming the path and the free space; committed checkpoints stay intact for a rerun.
   """
   storage.quiet_background_storage_errors()  # the storage error is reported once, below
+  if not isinstance(lease, lease_lib.Held):
+    with lease_lib.hold(workdir, lease) as held:
+      return train(workdir=workdir, model_config=model_config, train_config=train_config,
+                   make_iterator=make_iterator, mesh_config=mesh_config, init_from=init_from,
+                   init_projection=init_projection, vocab_file=vocab_file, eval_data_dir=eval_data_dir, rules=rules,
+                   progress=progress, run_info=run_info, stop_after_steps=stop_after_steps, hooks=hooks, lease=held)
   try:
     return _train(workdir=workdir, model_config=model_config, train_config=train_config,
                   make_iterator=make_iterator, mesh_config=mesh_config, init_from=init_from,
                   init_projection=init_projection, vocab_file=vocab_file, eval_data_dir=eval_data_dir, rules=rules,
-                  progress=progress, run_info=run_info, stop_after_steps=stop_after_steps, hooks=hooks)
+                  progress=progress, run_info=run_info, stop_after_steps=stop_after_steps, hooks=hooks, lease=lease)
   except Exception as e:
     err = storage.workdir_write_error(e, paths.path(workdir))
     if err is None:
@@ -308,11 +323,12 @@ class _Run:
   dev_eval: Callable[[Any], dict[str, float] | None]
   progress: bool
   caller_hooks: hooks_lib.Hooks
+  lease: lease_lib.Held
   keeper: hooks_lib.BestKeeper | None = None  # early stopping
 
 
 def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, init_from, init_projection,
-           vocab_file, eval_data_dir, rules, progress, run_info, stop_after_steps, hooks) -> TrainResult:
+           vocab_file, eval_data_dir, rules, progress, run_info, stop_after_steps, hooks, lease) -> TrainResult:
   workdir = paths.mkdir(workdir)  # local or gs://
   tc = train_config
   caller_hooks = hooks_lib.Hooks()
@@ -327,7 +343,8 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
   if multihost.is_lead():
     native.write_config(workdir, model_config)
     native.copy_vocab(workdir, vocab_file)
-    (workdir / "train_config.json").write_text(json.dumps(tc.to_dict(), indent=2))
+    # The config the run started with (a resume keeps it) and the changes since (st5_jax/provenance.py).
+    provenance.write_train_config(workdir, tc.to_dict(), resumed=bool(native.committed_steps(workdir)))
   mngr = native.checkpoint_manager(workdir, max_to_keep=tc.keep_checkpoints, enable_async_checkpointing=True)
   writer = MetricWriter(workdir, enabled=multihost.is_lead())
   try:
@@ -349,7 +366,13 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
                                               stream))
       keeper = None
       if tc.early_stopping is not None:
-        keeper = hooks_lib.BestKeeper(tc.early_stopping, BestSaver(workdir, model_config, vocab_file),
+        best_saver = BestSaver(workdir, model_config, vocab_file)
+
+        def save_best(state_, step_, score):
+          lease.check(f"writing the best checkpoint of step {step_}")
+          best_saver(state_, step_, score)
+
+        keeper = hooks_lib.BestKeeper(tc.early_stopping, save_best,
                                       restored[1].get("early_stopping") if restored else None)
       if restored is not None:
         state, meta = restored
@@ -375,7 +398,7 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
                  keeper.best, keeper.best_step)
         end = start_step
       run = _Run(setup=setup, config=tc, mngr=mngr, writer=writer, stream=stream, dev_eval=dev_eval,
-                 progress=progress, caller_hooks=caller_hooks, keeper=keeper)
+                 progress=progress, caller_hooks=caller_hooks, lease=lease, keeper=keeper)
       t_start = time.perf_counter()
       state, step, interrupted, last_metrics = _loop(run, state, start_step=start_step, end=end)
       mngr.wait_until_finished()
@@ -393,11 +416,14 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
         summary["early_stopping"] = keeper.state_dict()
     mngr.wait_until_finished()
     mngr.close()
+    lease.check("writing results.json")
     writer.close()
     if multihost.is_lead():
       paths.write_text(summary_path, json.dumps(summary, indent=2))
     return TrainResult(step=step, interrupted_by=interrupted, summary=summary)
-  except BaseException:
+  except BaseException as e:
+    if isinstance(e, lease_lib.WorkdirLeaseLostError) and paths.is_remote(workdir):
+      raise  # abandon() would rewrite the remote metrics.jsonl, which the new holder writes now
     writer.abandon()  # a failed write (a full disk) must not fail again, or print, at exit
     raise
 
@@ -408,6 +434,7 @@ def _loop(run: _Run, state: TrainState, *, start_step: int, end: int
   tc, stream = run.config, run.stream
 
   def save(state_: TrainState, step_: int, *, force: bool) -> None:
+    run.lease.check(f"writing the checkpoint of step {step_}")  # never into a work dir another trainer holds
     meta = {"step": step_, "data_state": stream.get_state(), "seed": tc.seed, "time": time.time()}
     if run.keeper is not None:
       meta["early_stopping"] = run.keeper.state_dict()
@@ -433,6 +460,7 @@ def _loop(run: _Run, state: TrainState, *, start_step: int, end: int
         step_fn = multihost.compile_together(run.setup.step_fn, state, batch, name="train_step")
       state, metrics = step_fn(state, batch)
       step += 1
+      run.lease.check_cached(f"step {step}'s writes")  # lost (renewal thread): stop before metrics or a checkpoint
       stopping = stop.should_stop(step)  # every step, the same step on every process
       hooks.run(hooks_lib.StepInfo(step=step, state=state, metrics=metrics, batch=batch,
                                    last=stopping or step == end, stopping=stopping, stream=stream))

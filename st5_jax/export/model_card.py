@@ -1,8 +1,9 @@
 """README.md of an export: what the model is, where it came from, how well it does, how to load it.
 
 Everything is read from files the project writes (st5_config.json, train_config.json,
-results.json, operative_config.gin in a work dir; `st5 eval` results files); anything
-absent is reported as not recorded rather than guessed.
+results.json, operative_config.gin and config_history.json in a work dir; `st5 eval` results
+files); anything absent is reported as not recorded rather than guessed. The training settings
+are the ones the run started with, followed by every change a resume made (the history).
 """
 
 from __future__ import annotations
@@ -127,6 +128,8 @@ class CardInfo:
   base_checkpoint: str | None = None
   training_data: list[str] = dataclasses.field(default_factory=list)
   train_config: dict[str, Any] | None = None
+  # Changes of bindings across resumes (st5_jax/provenance.py): [{step, time, host, allowed_by, bindings}].
+  config_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
   train_results: dict[str, Any] | None = None
   eval_rows: list[tuple[str, str, str, float]] = dataclasses.field(default_factory=list)
   retrieval_rows: list[tuple[str, str, int, tuple[float, ...]]] = dataclasses.field(default_factory=list)
@@ -145,6 +148,8 @@ def collect(*, config: ST5Config, source: str, source_format: str, step: int | N
   root = native.root(source) if source_format == "native" else None
   if root is not None:
     info.train_config = _read_json(paths.join(root, "train_config.json"))
+    history = _read_json(paths.join(root, "config_history.json")) or {}
+    info.config_history = list(history.get("changes") or (info.train_config or {}).get("config_history") or [])
     info.train_results = _read_json(paths.join(root, "results.json"))
     gin_file = paths.join(root, "operative_config.gin")
     gin_text = paths.read_text(gin_file) if paths.is_file(gin_file) else ""
@@ -283,7 +288,12 @@ def render(info: CardInfo, *, export_format: str, name: str = ".") -> str:
     if isinstance(opt, dict) and opt:
       details.append("optimizer " + ", ".join(f"{k}={v}" for k, v in opt.items() if not isinstance(v, dict)))
     if details:
-      lines.append(f"- Settings: {'; '.join(details)}")
+      lines.append(f"- Settings{' at the start' if info.config_history else ''}: {'; '.join(details)}")
+  for entry in info.config_history:  # what resumes changed, in order (config_history.json)
+    changes = "; ".join(f"`{c.get('binding')}` {c.get('before')} -> {c.get('after')}"
+                        for c in entry.get("bindings") or [] if isinstance(c, dict))
+    lines.append(f"- Changed from step {entry.get('step')} ({entry.get('allowed_by')}, {entry.get('time')}): "
+                 f"{changes}")
   if tr.get("interrupted_by"):
     lines.append(f"- Note: the last run was interrupted by {tr['interrupted_by']}")
   lines += ["", "## Evaluation", ""]
