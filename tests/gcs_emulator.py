@@ -148,3 +148,35 @@ class GcsEmulator:
   def stop(self) -> None:
     self._httpd.shutdown()
     self._httpd.server_close()
+
+
+def _main(argv: list[str] | None = None) -> None:
+  """`python tests/gcs_emulator.py --port 9023 --bucket BUCKET`: this emulator as a server of its own.
+
+  For a pod rehearsal by hand (docs/tpu.md): `gcp-storage-emulator start` alone neither sends
+  the generation headers tensorstore reads nor honours `ifGenerationMatch`, which orbax's
+  checkpoints and a work dir's lease rely on. In memory; serves until interrupted.
+  """
+  import argparse  # pylint: disable=g-import-not-at-top
+  parser = argparse.ArgumentParser(prog="python tests/gcs_emulator.py", description=_main.__doc__.splitlines()[0])
+  parser.add_argument("--host", default="127.0.0.1")
+  parser.add_argument("--port", type=int, default=9023)
+  parser.add_argument("--bucket", action="append", required=True, help="a bucket to create (repeatable)")
+  args = parser.parse_args(argv)
+  logging.getLogger("gcp_storage_emulator").setLevel(logging.CRITICAL)  # every 404 is logged at ERROR
+  storage = Storage(use_memory_fs=True)
+  for bucket in args.bucket:
+    buckets.create_bucket(bucket, storage)
+  httpd = _Server((args.host, args.port), partial(_Handler, storage))
+  print(f"GCS emulator on http://{args.host}:{args.port} (buckets: {', '.join(args.bucket)}); "
+        f"export {paths.EMULATOR_ENV}=http://{args.host}:{args.port}", flush=True)
+  try:
+    httpd.serve_forever()
+  except KeyboardInterrupt:
+    pass
+  finally:
+    httpd.server_close()
+
+
+if __name__ == "__main__":
+  _main()

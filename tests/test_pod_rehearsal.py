@@ -108,15 +108,18 @@ TrainConfig.num_train_steps = {steps}
 def _env(gcs, data_url):
   env = dict(os.environ, **gcs.env(), ST5_DATA_DIR=data_url, ST5_LOCAL_POD_DEVICES="4")
   env.pop("ST5_VOCAB", None)  # the vocabulary comes from the bucket too
-  # XLA_FLAGS (conftest's cheap compiles) pass through; the launcher sets the device count.
-  # No persistent cache: the workers have no cache guard (tests/conftest.py: jaxlib 0.10.2 loads
-  # executables with collectives in loop bodies, the scanned layers', without their order).
+  # The launcher's workers start from a fresh-login environment (tests/test_launch_env.py): of this
+  # one they get the ST5_* variables, STORAGE_EMULATOR_HOST and what _launch names with --env. Not
+  # conftest's JAX_COMPILATION_CACHE_DIR: they compile without a persistent cache, as they must
+  # (no cache guard there; tests/conftest.py: jaxlib 0.10.2 loads executables with collectives in
+  # loop bodies, the scanned layers', without their order). Nor do the commands run here directly.
   env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
   return env
 
 
 def _launch(env, gin, workdir, *overrides):
-  cmd = [TPU_RUN, "--gin", gin, "--local-pod", "2", "--workdir", workdir, *overrides]
+  # --env XLA_FLAGS: conftest's cheap compiles, explicitly (the launcher adds the device count).
+  cmd = [TPU_RUN, "--gin", gin, "--local-pod", "2", "--workdir", workdir, "--env", "XLA_FLAGS", *overrides]
   return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           start_new_session=True)
 
@@ -254,15 +257,17 @@ def test_pod_rehearsal_two_stages_on_gcs(gcs, data_dir, tmp_path):
   gin = user / "stage2.gin"
   gin.write_text(textwrap.dedent(USER_GIN.format(steps=STAGE2_STEPS)))
   env2 = dict(env, PYTHONPATH=os.pathsep.join([str(user), str(REPO), os.environ.get("PYTHONPATH", "")]))
-  init = f"--gin.run.init_from='{stage1}'"
+  # The user's module reaches the workers as a slice's would: through a variable the launcher is told
+  # to forward (tests/test_launch_env.py: nothing else of this environment reaches them).
+  init = ("--env", "PYTHONPATH", f"--gin.run.init_from='{stage1}'")
 
   # The reference: uninterrupted.
   ref2 = gcs.url("ref_stage2")
-  log = _run(env2, str(gin), ref2, init, nli)
+  log = _run(env2, str(gin), ref2, *init, nli)
   assert "[worker 0]" in log and "[worker 1]" in log
   # SIGTERM to the launcher mid-run (forwarded to both workers), then the same command again.
   stage2 = gcs.url("stage2")
-  proc = _launch(env2, str(gin), stage2, init, nli)
+  proc = _launch(env2, str(gin), stage2, *init, nli)
   out = _Output(proc)
   out.wait_for(f"step 6/{STAGE2_STEPS}:", proc)
   proc.send_signal(signal.SIGTERM)
@@ -282,7 +287,7 @@ def test_pod_rehearsal_two_stages_on_gcs(gcs, data_dir, tmp_path):
   assert state["step"] == stopped and state["dedup_window"] == DEDUP_WINDOW
   assert state["block_start_step"] == stopped - stopped % DEDUP_WINDOW, state
   assert sum(state["positions"].values()) == state["block_start_step"] * 16  # 16 rows per process and step
-  _run(env2, str(gin), stage2, init, nli)
+  _run(env2, str(gin), stage2, *init, nli)
   (s_ref2, p_ref2), (s_res2, p2) = _params(ref2), _params(stage2)
   assert s_ref2 == s_res2 == STAGE2_STEPS
   assert p_ref2.keys() == p2.keys()
