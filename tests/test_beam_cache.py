@@ -1,6 +1,7 @@
 """The Beam cache pipeline (st5_jax.data.offline.beam_cache) on Beam's DirectRunner: the in-memory writer's files,
 byte for byte."""
 
+import collections
 import json
 import os
 
@@ -75,7 +76,7 @@ def _users_corpus(folder, eval_text):
 
 @pytest.mark.parametrize("where", ["local", "gs"])
 def test_beam_cache_of_users_files_keeps_the_first_copy_and_drops_evaluation_texts(data_dir, tmp_path, gcs, where):
-  """Users' files on local disk or gs:// (the emulator), cache written to the same place."""
+  """Users' files on local disk (whole) or gs:// (the emulator; in 32-byte ranges), cache written to the same place."""
   local = str(tmp_path / "corpus")
   eval_text = _eval_sentence(data_dir)
   kept = _users_corpus(local, eval_text)
@@ -85,7 +86,7 @@ def test_beam_cache_of_users_files_keeps_the_first_copy_and_drops_evaluation_tex
                               columns={"inputs": "q", "targets": "a"})
   lengths = {"inputs": 6, "targets": 8}
   m = beam_cache.write_cache_beam("test_beam_users", "train", paths.join(out, "beam"), 3, lengths,
-                                  pipeline_args=DIRECT)
+                                  pipeline_args=DIRECT, split_bytes=32 if where == "gs" else beam_cache.SPLIT_BYTES)
   s = m["stats"]
   assert (s["source_rows_read"], s["source_rows_skipped"], s["rows_in"]) == (9, 1, 8)
   assert (s["dropped_contaminated"], s["dropped_duplicates"], m["num_examples"]) == (2, 3, 3)
@@ -138,6 +139,107 @@ def test_st5_data_cache_runner_flag_runs_beam_and_rejects_stray_flags(data_dir, 
   rc = cli.main(["data", "cache", "--task", "test_beam_cli", "--out", out, "--project", "p"])
   assert rc == 2
   assert "Beam flags need --runner" in capsys.readouterr().err
+
+
+def _beam_with_counters(task, out, num_shards, lengths, **kw):
+  """write_cache_beam's steps, keeping the pipeline's result: (manifest, Beam counters, plan)."""
+  import apache_beam as beam  # pylint: disable=g-import-not-at-top
+  from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
+  plan = beam_cache.plan_cache(task, "train", out, num_shards, lengths, **kw)
+  with beam_cache.side_files(plan):
+    p = beam.Pipeline(options=PipelineOptions(list(DIRECT)))
+    beam_cache.build_pipeline(p, plan)
+    result = p.run()
+    result.wait_until_finish()
+  assert sorted(os.listdir(out)) == [cache.MANIFEST] + [cache.shard_name(i, num_shards) for i in range(num_shards)]
+  return cache.CacheReader(out).manifest, beam_cache.counters(result), plan
+
+
+def _ranges_corpus(folder, eval_texts):
+  """Three JSON-lines files: 130 evaluation texts (one set), 121 duplicates, three bad rows, a long row.
+
+  Returns the contaminated and the duplicate rows' texts in source order.
+  """
+  parts = [[], [], []]
+  contaminated, duplicates = [], []
+  for i in range(65):
+    parts[0] += [{"q": f"question {i}", "a": f"answer {i}"}, {"q": eval_texts[i], "a": f"x {i}"}]
+    contaminated.append([eval_texts[i], f"x {i}"])
+  parts[0][10:10] = ["{not json", "", '["not", "an object"]']
+  parts[0].append({"q": "a long row " * 20, "a": "longer than many byte ranges"})
+  seen = set()
+  for j in range(130):
+    parts[1].append({"q": f"Dup {j % 10}!", "a": "same"})
+    if j % 10 in seen:
+      duplicates.append([f"Dup {j % 10}!", "same"])
+    seen.add(j % 10)
+  for i in range(65, 130):
+    parts[2].append({"q": f"free {i}", "a": eval_texts[i]})
+    contaminated.append([f"free {i}", eval_texts[i]])
+  parts[2].append({"q": "QUESTION 3", "a": "answer 3."})  # a duplicate of part 0's row by its normalised text
+  duplicates.append(["QUESTION 3", "answer 3."])
+  paths.mkdir(folder)
+  for k, part in enumerate(parts):
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in part]
+    paths.write_text(paths.join(folder, f"part-{k}.jsonl"), "\n".join(lines) + "\n")
+  return contaminated, duplicates
+
+
+def test_beam_cache_in_byte_ranges_is_the_in_memory_cache_with_counters_and_bounded_samples(data_dir, tmp_path):
+  """Files read in 40-byte ranges (rows straddle them, one row spans many): the in-memory writer's shards and
+  manifest; Beam's counters equal the manifest's counts; the manifest keeps the first 100 dropped texts per reason
+  of 130 contaminated and 121 duplicates."""
+  from st5_jax.data import overlap  # pylint: disable=g-import-not-at-top
+  index = overlap.evaluation_index(str(data_dir))
+  biggest = collections.Counter(index.values()).most_common(1)[0][0]
+  eval_texts = sorted(t for t, name in index.items() if name == biggest and len(t) < 40)[:130]
+  local = str(tmp_path / "corpus")
+  contaminated, duplicates = _ranges_corpus(local, eval_texts)
+  registry.register_user_task("test_beam_ranges", file_pattern=f"{local}/part-*.jsonl",
+                              columns={"inputs": "q", "targets": "a"})
+  lengths = {"inputs": 16, "targets": 16}
+  beam_dir, mem_dir = str(tmp_path / "beam"), str(tmp_path / "mem")
+  m, counters, plan = _beam_with_counters("test_beam_ranges", beam_dir, 3, lengths, split_bytes=40)
+  sizes = [os.path.getsize(os.path.join(local, f"part-{k}.jsonl")) for k in range(3)]
+  assert [kind for _, kind, _, _ in plan.units] == ["range"] * sum(-(-size // 40) for size in sizes)
+  cache_writer.write_cache("test_beam_ranges", "train", mem_dir, 3, lengths)
+  # Independent counts: 134 + 130 + 66 lines, 3 bad, 130 contaminated, 121 duplicates; kept 65 questions, the long
+  # row (trimmed) and 10 of the duplicated rows.
+  s = m["stats"]
+  assert (s["source_rows_read"], s["source_rows_skipped"], s["rows_in"]) == (330, 3, 327)
+  assert (s["dropped_contaminated"], s["dropped_duplicates"], m["num_examples"], s["trimmed"]) == (130, 121, 76, 1)
+  assert counters == {"rows_in": s["rows_in"], "rows_read": s["source_rows_read"],
+                      "rows_skipped": s["source_rows_skipped"], "rows_filtered": s["source_rows_filtered"],
+                      "dropped_contaminated": s["dropped_contaminated"], "dropped_duplicates": s["dropped_duplicates"],
+                      "trimmed": s["trimmed"], "examples": m["num_examples"]}
+  reason = f"text in evaluation set {biggest}"
+  assert s["dropped_samples"] == {reason: contaminated[:100], "duplicate": duplicates[:100]}
+  _same_cache(mem_dir, beam_dir)  # byte for byte the in-memory writer's cache, samples included
+
+
+def test_st5_data_cache_derives_num_shards_and_refuses_shards_too_big_for_a_worker(data_dir, tmp_path, capsys):
+  """No --num_shards: ceil(9 input rows / 3 a shard) = 3, rounded up to a multiple of 2 readers: 4, in memory and
+  with Beam alike; a worker too small for one shard is a one-line refusal before anything is written."""
+  local = str(tmp_path / "corpus")
+  _users_corpus(local, _eval_sentence(data_dir))
+  registry.register_user_task("test_beam_sizing", file_pattern=f"{local}/part-*.jsonl",
+                              columns={"inputs": "q", "targets": "a"})
+  flags = ["--task", "test_beam_sizing", "--records_per_shard", "3", "--num_readers", "2", "--no_decontaminate",
+           "--feature_lengths", "inputs=8,targets=8"]
+  out = {k: str(tmp_path / k) for k in ("mem", "beam", "refused")}
+  assert cli.main(["data", "cache", "--out", out["mem"], *flags]) == 0
+  assert cli.main(["data", "cache", "--out", out["beam"], *flags, "--runner", "DirectRunner", "--range_mb", "1"]) == 0
+  err = capsys.readouterr().err
+  assert err.count("9 input rows (counted) -> 4 shards (derived from --records_per_shard 3 and --num_readers 2)") == 2
+  mem, beam = (cache.task_dir(out[k], "test_beam_sizing", "train") for k in ("mem", "beam"))
+  assert json.loads(open(os.path.join(beam, cache.MANIFEST)).read())["num_shards"] == 4
+  _same_cache(mem, beam)
+  rc = cli.main(["data", "cache", "--out", out["refused"], *flags, "--runner", "DirectRunner", "--num_shards", "1",
+                 "--worker_memory_gb", "0.000001"])
+  assert rc == 2
+  err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("st5 data cache: error: ")]
+  assert len(err) == 1 and "1 shards of up to 9 records" in err[0] and "use at least 10 shards" in err[0], err
+  assert not os.path.exists(out["refused"])
 
 
 def test_beam_cache_refuses_a_task_off_the_numpy_path(tmp_path):

@@ -84,8 +84,21 @@ def register(subparsers) -> None:
   p.add_argument("--task", help="task or mixture name (default: the gin file's DataConfig.task)")
   p.add_argument("--out", help="cache root folder, local or gs:// (default: the gin file's DataConfig.cache_dir)")
   p.add_argument("--split", default=None, help="split (default: the gin file's DataConfig.split, else train)")
-  p.add_argument("--num_shards", type=int, default=16,
-                 help="shards per task split (default 16); a multiple of the number of data readers (hosts)")
+  p.add_argument("--num_shards", type=int, default=None,
+                 help="shards per task split (default: the split's input rows / --records_per_shard, rounded up to a "
+                      "multiple of --num_readers); given, it is still checked against --worker_memory_gb")
+  p.add_argument("--records_per_shard", type=int, default=500_000,
+                 help="records a shard holds when --num_shards is derived (default 500000: 2B pairs -> 4,000 shards; "
+                      "resuming a run reads at most one shard)")
+  p.add_argument("--num_readers", type=int, default=1,
+                 help="data readers (hosts) of the runs that train from the cache; a derived --num_shards is a "
+                      "multiple of it (default 1)")
+  p.add_argument("--worker_memory_gb", type=float, default=4.0,
+                 help="with --runner: memory of one Beam worker process (default 4: an n2-standard-8 over its 8 "
+                      "processes); a shard whose writer would hold more than half of it is refused")
+  p.add_argument("--range_mb", type=int, default=64,
+                 help="with --runner: uncompressed JSON-lines/TSV files larger than this are read in ranges of this "
+                      "many MiB by different workers (default 64)")
   p.add_argument("--feature_lengths", default=None,
                  help="token length per feature, e.g. inputs=64,targets=64 (negative_targets defaults to "
                       "targets); default: the gin file's DataConfig.feature_lengths, else inputs=64,targets=64")
@@ -316,10 +329,20 @@ def _cache(args) -> int:
   split = split or "train"
   if not task or not out:
     raise UsageError("pass --task and --out (or a --gin_file whose DataConfig names the task and cache_dir).")
-  if args.num_shards < 1:
-    raise UsageError(f"--num_shards must be at least 1, got {args.num_shards}.")
+  for flag in ("num_shards", "records_per_shard", "num_readers", "range_mb"):
+    value = getattr(args, flag)
+    if value is not None and value < 1:
+      raise UsageError(f"--{flag} must be at least 1, got {value}.")
+  if args.worker_memory_gb <= 0:
+    raise UsageError(f"--worker_memory_gb must be positive, got {args.worker_memory_gb}.")
   if beam_args and not args.runner:
     raise UsageError(f"unrecognized arguments: {' '.join(beam_args)} (Beam flags need --runner)")
+  sizing = cache_writer.ShardSizing(records_per_shard=args.records_per_shard, num_readers=args.num_readers,
+                                    worker_memory_gb=args.worker_memory_gb)
+
+  def progress(line):
+    print(line, file=sys.stderr, flush=True)
+
   try:
     provider = get_provider(task)
     names = [t.name for t in provider.tasks] if isinstance(provider, seqio.Mixture) else [provider.name]
@@ -329,10 +352,11 @@ def _cache(args) -> int:
         from st5_jax.data.offline import beam_cache  # pylint: disable=g-import-not-at-top  (Apache Beam)
         m = beam_cache.write_cache_beam(name, split, folder, args.num_shards, lengths,
                                         dedup=not args.keep_duplicates, decontaminate=not args.no_decontaminate,
-                                        pipeline_args=[f"--runner={args.runner}", *beam_args])
+                                        pipeline_args=[f"--runner={args.runner}", *beam_args], sizing=sizing,
+                                        split_bytes=args.range_mb << 20, progress=progress)
       else:
         m = cache_writer.write_cache(name, split, folder, args.num_shards, lengths, dedup=not args.keep_duplicates,
-                                     decontaminate=not args.no_decontaminate)
+                                     decontaminate=not args.no_decontaminate, sizing=sizing, progress=progress)
       s = m["stats"]
       print(f"{name} ({split}): {m['num_examples']} examples in {m['num_shards']} shards at {folder}; rows in "
             f"{s['rows_in']}, dropped as duplicates {s['dropped_duplicates']}, as contaminated "
