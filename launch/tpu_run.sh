@@ -8,6 +8,7 @@
 #   launch/tpu_run.sh --gin st5_11b_encdec.gin --tpu NAME --zone ZONE \
 #       [--project PROJECT] [--accelerator v4-256] [--version tpu-ubuntu2204-base] \
 #       [--create] [--spot] [--workdir gs://BUCKET/DIR] [--env NAME ...] [--dry-run] [--gin.KEY=VALUE ...]
+#       [--takeover] [--allow_config_change] [--lease_expiry_s S] [--lease_renew_s S]   (st5 train's, to every worker)
 #
 # Pod rehearsal on this machine: the workers' command, as N local JAX processes on CPU
 # (ST5_LOCAL_POD_DEVICES fake devices each, default 4), joined like the hosts of a slice:
@@ -28,9 +29,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GIN="" WORKDIR="" TPU="" ZONE="" PROJECT="" ACCEL="" VERSION="tpu-ubuntu2204-base"
 CREATE=0 SPOT=0 DRY=0 LOCAL_POD=0
 OVERRIDES=()
+TRAIN_FLAGS=()
 EXTRA_ENV=()
 
-usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 need() { [ "$#" -ge 2 ] && [ -n "$2" ] || { echo "tpu_run.sh: $1 needs a value" >&2; exit 2; }; }
 
 while [ "$#" -gt 0 ]; do
@@ -49,6 +51,9 @@ while [ "$#" -gt 0 ]; do
     --local-pod) need "$@"; LOCAL_POD="$2"; shift 2 ;;
     --env) need "$@"; EXTRA_ENV+=("$2"); shift 2 ;;
     --env=*) EXTRA_ENV+=("${1#--env=}"); shift ;;
+    # st5 train's own flags for a held or changed work dir (the refusals name them), passed to every worker.
+    --takeover|--allow_config_change) TRAIN_FLAGS+=("$1"); shift ;;
+    --lease_expiry_s|--lease_renew_s) need "$@"; TRAIN_FLAGS+=("$1" "$2"); shift 2 ;;
     --gin.*=*) OVERRIDES+=("$1"); shift ;;
     --gin.*) need "$@"; OVERRIDES+=("$1=$2"); shift 2 ;;
     -h|--help) usage 0 ;;
@@ -98,7 +103,7 @@ run() { if [ "$DRY" = 1 ]; then show "$@"; else "$@"; fi; }
 
 # What every TPU worker runs (after `cd` into the shipped tree), and what --local-pod runs.
 worker_args() {  # $1: the gin file as the worker sees it
-  printf '%s\0' train --gin_file "$1" --workdir "$WORKDIR" --no_progress "${OVERRIDES[@]}"
+  printf '%s\0' train --gin_file "$1" --workdir "$WORKDIR" --no_progress "${TRAIN_FLAGS[@]}" "${OVERRIDES[@]}"
 }
 
 if [ "$LOCAL_POD" != 0 ]; then
@@ -163,7 +168,7 @@ fi
 if [ -z "$TPU" ]; then
   # ---------------------------------------------------------------- local run
   WORKDIR="${WORKDIR:-$ROOT/workdirs/$RUN_NAME}"
-  CMD=(st5 train --gin_file "$GIN_PATH" --workdir "$WORKDIR" "${OVERRIDES[@]}")
+  CMD=(st5 train --gin_file "$GIN_PATH" --workdir "$WORKDIR" "${TRAIN_FLAGS[@]}" "${OVERRIDES[@]}")
   if [ "$DRY" = 1 ]; then show "${CMD[@]}"; exit 0; fi
   # shellcheck disable=SC1091
   source "$ROOT/launch/setup_env.sh"

@@ -11,6 +11,7 @@ there too. Also: the docs' rehearsal emulator (`python tests/gcs_emulator.py`) h
 import json
 import os
 import pathlib
+import shlex
 import socket
 import subprocess
 import sys
@@ -108,7 +109,8 @@ def test_slice_command_carries_the_forwarded_variables_intact(tmp_path):
                       ST5_DATA_DIR="gs://bkt/data", MY_SETTING="chosen by --env", STORAGE_EMULATOR_HOST="http://127.0.0.1:1",
                       JAX_PLATFORMS="cpu")
   out = subprocess.run([TPU_RUN, "--gin", "st5_11b_encdec.gin", "--tpu", "my-tpu", "--zone", "us-central2-b",
-                        "--workdir", "gs://bkt/run", "--env", "MY_SETTING", "--gin.TrainConfig.num_train_steps=5"],
+                        "--workdir", "gs://bkt/run", "--env", "MY_SETTING", "--takeover", "--lease_expiry_s", "120",
+                        "--gin.TrainConfig.num_train_steps=5"],
                        env=env, capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr[-3000:]
   calls = [json.loads(line) for line in (tmp_path / "gcloud.jsonl").read_text().splitlines()]
@@ -133,7 +135,9 @@ def test_slice_command_carries_the_forwarded_variables_intact(tmp_path):
   assert got.returncode == 0, got.stderr
   seen = json.loads(got.stdout)
   assert seen["argv"][:3] == ["train", "--gin_file", "gin/st5_11b_encdec.gin"]
-  assert seen["argv"][-1] == "--gin.TrainConfig.num_train_steps=5"
+  # st5 train's work-dir flags (the lease's refusal names --takeover) reach every worker's trainer.
+  assert seen["argv"][3:] == ["--workdir", "gs://bkt/run", "--no_progress", "--takeover", "--lease_expiry_s", "120",
+                              "--gin.TrainConfig.num_train_steps=5"]
   forwarded = {k: v for k, v in env.items() if k.startswith("ST5_")}
   forwarded["MY_SETTING"] = "chosen by --env"
   assert seen["env"]["ST5_TEST_TRICKY"] == TRICKY and seen["env"]["ST5_USER_HARD_NEGATIVES"] == GLOB
@@ -192,3 +196,15 @@ def test_docs_rehearsal_emulator_honours_generation_preconditions(tmp_path):
   finally:
     server.terminate()
     server.wait(timeout=30)
+
+
+def test_local_run_passes_st5_trains_work_dir_flags():
+  """The local form: --allow_config_change and --lease_renew_s reach `st5 train`, which accepts them."""
+  out = subprocess.run([TPU_RUN, "--gin", "st5_tiny_cpu.gin", "--workdir", "wd", "--allow_config_change",
+                        "--lease_renew_s", "30", "--dry-run"], capture_output=True, text=True, timeout=60)
+  assert out.returncode == 0, out.stderr
+  words = shlex.split(out.stdout.strip().splitlines()[-1])
+  assert words[:2] == ["st5", "train"] and words[-3:] == ["--allow_config_change", "--lease_renew_s", "30"]
+  from st5_jax import cli  # the real parser of the command the launcher runs
+  args, extra = cli.build_parser().parse_known_args(words[1:])
+  assert args.allow_config_change and args.lease_renew_s == 30.0 and not extra

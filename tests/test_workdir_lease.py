@@ -100,6 +100,25 @@ def test_a_stale_lease_is_taken_over_with_a_log_line(tmp_path, caplog):
     lease_lib.WorkdirLease.acquire(wd, FAST).release()
   assert "no longer runs on this host" in caplog.text
 
+  # A pid that runs again, as another process (a restarted container often gets its old pid): free.
+  live = lease_lib.WorkdirLease(wd, FAST).record
+  assert live["pid_start"] and live["boot_id"]
+  (wd / lease_lib.LEASE_FILE).write_text(json.dumps(dict(live, token="x", pid_start=str(int(live["pid_start"]) + 1))))
+  caplog.clear()
+  with caplog.at_level("WARNING", logger=lease_lib.__name__):
+    lease_lib.WorkdirLease.acquire(wd, FAST).release()
+  assert "no longer runs on this host" in caplog.text
+  # The same pid and start time, recorded before a reboot of this host: free.
+  (wd / lease_lib.LEASE_FILE).write_text(json.dumps(dict(live, token="x", boot_id="an-earlier-boot")))
+  caplog.clear()
+  with caplog.at_level("WARNING", logger=lease_lib.__name__):
+    lease_lib.WorkdirLease.acquire(wd, FAST).release()
+  assert "rebooted" in caplog.text
+  # The same record with this boot and start time is a live holder: refused.
+  (wd / lease_lib.LEASE_FILE).write_text(json.dumps(dict(live, token="x")))
+  _refused(wd)
+  (wd / lease_lib.LEASE_FILE).unlink()
+
   # A lease copied with the work dir from another path holds nothing here.
   other = lease_lib.WorkdirLease.acquire(tmp_path / "elsewhere", FAST)
   (wd / lease_lib.LEASE_FILE).write_text((tmp_path / "elsewhere" / lease_lib.LEASE_FILE).read_text())

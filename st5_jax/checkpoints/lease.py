@@ -74,19 +74,40 @@ def _iso(t: float) -> str:
   return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _pid_alive(pid: int) -> bool:
-  """Whether a process of this host runs with `pid` (a zombie does not count)."""
+def _boot_id() -> str | None:
+  """This boot of this host (Linux): a pid recorded before a reboot names no process of this one."""
+  try:
+    with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+      return f.read().strip()
+  except OSError:
+    return None
+
+
+def _pid_start(pid: int) -> str | None:
+  """When process `pid` started (clock ticks since boot, /proc/PID/stat field 22): a reused pid differs."""
+  try:
+    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+      return f.read().rsplit(")", 1)[1].split()[19]
+  except (OSError, IndexError):
+    return None
+
+
+def _pid_alive(pid: int, start: str | None = None) -> bool:
+  """Whether the process `pid` (started at `start`, when known) still runs on this host (a zombie does not count)."""
   try:
     os.kill(pid, 0)
   except ProcessLookupError:
     return False
   except PermissionError:
-    return True
+    pass
   try:
     with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+      fields = f.read().rsplit(")", 1)[1].split()
   except (OSError, IndexError):
     return True
+  if fields[0] == "Z":
+    return False
+  return start is None or fields[19] == start  # another process that got the same pid (a restarted container)
 
 
 def workdir_key(workdir: paths.PathLike) -> str:
@@ -109,8 +130,11 @@ def free_reason(record: dict[str, Any], workdir: str, now: float | None = None) 
   expires = float(record.get("renewed", 0)) + float(record.get("expiry_s", 0))
   if now > expires:
     return f"it expired at {_iso(expires)} without renewal"
-  if record.get("host") == socket.gethostname() and not _pid_alive(int(record.get("pid", -1))):
-    return "its process no longer runs on this host"
+  if record.get("host") == socket.gethostname():
+    if record.get("boot_id") and record.get("boot_id") != _boot_id():
+      return "this host has rebooted since its process took it"
+    if not _pid_alive(int(record.get("pid", -1)), record.get("pid_start")):
+      return "its process no longer runs on this host"
   if record.get("workdir") != workdir:
     return f"it was copied with the work dir from {record.get('workdir')}"
   return None
@@ -174,8 +198,8 @@ class _LocalStore:
         os.unlink(self.path)
       else:
         data = json.dumps(record, indent=1).encode("utf-8")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, data, 0)
+        os.pwrite(fd, data, 0)  # before the truncate: a failed write (a full disk) leaves the old record, not none
+        os.ftruncate(fd, len(data))
         os.fsync(fd)
       return True, current
 
@@ -256,7 +280,8 @@ class WorkdirLease:
     self.options = options
     self.store = _store(self.path)
     now = time.time()
-    self.record = {"host": socket.gethostname(), "pid": os.getpid(), "started": now, "renewed": now,
+    self.record = {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": _pid_start(os.getpid()),
+                   "boot_id": _boot_id(), "started": now, "renewed": now,
                    "expiry_s": options.expiry_s, "workdir": self.workdir, "token": uuid.uuid4().hex}
     self.lost: str | None = None  # why, once this process knows it no longer holds the lease
     self._stop = threading.Event()
@@ -395,14 +420,19 @@ def hold(workdir: paths.PathLike, options: LeaseOptions = LeaseOptions()) -> Ite
   if multihost.is_lead():
     try:
       lease = WorkdirLease.acquire(workdir, options)
-    except WorkdirInUseError as e:
+    except Exception as e:  # noqa: BLE001  (any failure: the other processes must hear of it, not wait at the barrier)
       error = e
   if jax.process_count() > 1:
-    multihost.barrier("workdir_lease")
-    refused = int(multihost_utils.broadcast_one_to_all(np.asarray(error is not None, np.int32)))
+    try:
+      multihost.barrier("workdir_lease")
+      refused = int(multihost_utils.broadcast_one_to_all(np.asarray(error is not None, np.int32)))
+    except BaseException:
+      if lease is not None:
+        lease.release()
+      raise
     if refused and error is None:
-      error = WorkdirInUseError(f"The work dir {workdir_key(workdir)} is in use by another trainer: the lead "
-                                "process (0) was refused its lease; its output names the holder.")
+      error = WorkdirInUseError(f"The work dir {workdir_key(workdir)}: the lead process (0) could not take its "
+                                "lease; its output says why (another trainer holding it names the holder).")
   if error is not None:
     raise error
   try:
