@@ -78,6 +78,20 @@ def test_a_second_trainer_is_refused_and_takeover_takes_it(tmp_path):
   lease_lib.WorkdirLease.acquire(wd, FAST).release()  # released: free for the next trainer
 
 
+def test_a_released_lease_stays_released_when_its_old_holder_looks(tmp_path):
+  """The holder a takeover displaced reads the lease after the new holder released it: no file appears
+  (an empty lease.json would be a stale record for the next trainer to step over)."""
+  wd = tmp_path / "wd"
+  old = lease_lib.WorkdirLease.acquire(wd, lease_lib.LeaseOptions(expiry_s=60.0, renew_s=30.0))
+  new = lease_lib.WorkdirLease.acquire(wd, lease_lib.LeaseOptions(expiry_s=60.0, renew_s=30.0, takeover=True))
+  new.release()
+  assert not (wd / lease_lib.LEASE_FILE).exists()
+  assert old.verify() == "the lease file was removed"  # a real read: the renewal thread has not run yet
+  old.renew()
+  old.release()
+  assert not (wd / lease_lib.LEASE_FILE).exists()
+
+
 def test_a_stale_lease_is_taken_over_with_a_log_line(tmp_path, caplog):
   wd = tmp_path / "wd"
   # A holder that stops renewing (a preempted VM): its lease holds until it expires, then is taken over.

@@ -150,10 +150,17 @@ class _LocalStore:
     self.path = path
 
   @contextlib.contextmanager
-  def _locked(self) -> Iterator[int]:
-    os.makedirs(os.path.dirname(self.path), exist_ok=True)
+  def _locked(self, create: bool) -> Iterator[int | None]:
+    """The locked file's descriptor; None when there is no file and `create` is False (a read, or a
+    removal, never creates one: an empty file left after a release would be read as a lease)."""
+    if create:
+      os.makedirs(os.path.dirname(self.path), exist_ok=True)
     while True:
-      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      try:
+        fd = os.open(self.path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+      except FileNotFoundError:
+        yield None
+        return
       fcntl.flock(fd, fcntl.LOCK_EX)
       try:
         if os.fstat(fd).st_ino == os.stat(self.path).st_ino:
@@ -180,8 +187,8 @@ class _LocalStore:
     return record if isinstance(record, dict) else None
 
   def read(self) -> dict[str, Any] | None:
-    with self._locked() as fd:
-      return self._read(fd)
+    with self._locked(create=False) as fd:
+      return None if fd is None else self._read(fd)
 
   def swap(self, expected_token: str | None, record: dict[str, Any] | None,
            ) -> tuple[bool, dict[str, Any] | None]:
@@ -189,13 +196,14 @@ class _LocalStore:
 
     expected_token "*": whatever is there. Returns (written, the record found before).
     """
-    with self._locked() as fd:
-      current = self._read(fd)
+    with self._locked(create=record is not None) as fd:
+      current = None if fd is None else self._read(fd)
       token = current.get("token") if current else None
       if expected_token != "*" and token != expected_token:
         return False, current
       if record is None:
-        os.unlink(self.path)
+        if fd is not None:
+          os.unlink(self.path)
       else:
         data = json.dumps(record, indent=1).encode("utf-8")
         os.pwrite(fd, data, 0)  # before the truncate: a failed write (a full disk) leaves the old record, not none
