@@ -98,3 +98,24 @@ def sentences_factory(**kw):
 
 def nli_factory(**kw):
   return lambda mesh, batch_size, seed: SyntheticNliPairs(mesh, batch_size, seed, **kw)
+
+
+def tiny_run_gin(data: str, *, steps: int, extra: str = "") -> str:
+  """A gin file of a tiny `st5 train` run on `@data()` (a name registered with gin.external_configurable(factory)):
+  t5_tiny, batch 16, a checkpoint every 2 steps, no evaluation."""
+  return f"""
+run.model = @st5_model()
+st5_model.size = 't5_tiny'
+st5_model.embedding_dim = 16
+st5_model.dropout_rate = 0.0
+st5_model.vocab_size = 384
+run.train_config = @TrainConfig()
+TrainConfig.num_train_steps = {steps}
+TrainConfig.global_batch_size = 16
+TrainConfig.checkpoint_every = 2
+TrainConfig.log_every = 1
+TrainConfig.eval_every = -1
+run.data = @{data}()
+run.mesh = @MeshConfig()
+MeshConfig.data = -1
+{extra}"""

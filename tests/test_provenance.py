@@ -14,28 +14,12 @@ from st5_jax.export import model_card
 
 gin.external_configurable(synthetic.factory, "provenance_test_pairs")
 
-GIN = """
-run.model = @st5_model()
-st5_model.size = 't5_tiny'
-st5_model.embedding_dim = 16
-st5_model.dropout_rate = 0.0
-st5_model.vocab_size = 384
-run.train_config = @TrainConfig()
-TrainConfig.num_train_steps = {steps}
-TrainConfig.global_batch_size = 16
-TrainConfig.checkpoint_every = 2
-TrainConfig.log_every = 1
-TrainConfig.eval_every = -1
-TrainConfig.optimizer = @OptimizerConfig()
-run.data = @provenance_test_pairs()
-run.mesh = @MeshConfig()
-MeshConfig.data = -1
-"""
 
 
 def _train(tmp_path, wd, steps, *flags):
   gin_file = tmp_path / f"run_{steps}.gin"
-  gin_file.write_text(GIN.format(steps=steps))
+  gin_file.write_text(synthetic.tiny_run_gin("provenance_test_pairs", steps=steps,
+                                             extra="TrainConfig.optimizer = @OptimizerConfig()"))
   return cli.main(["train", "--gin_file", str(gin_file), "--workdir", str(wd), "--no_progress", *flags])
 
 

@@ -20,22 +20,6 @@ TINY = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0, vocab_s
 
 gin.external_configurable(synthetic.factory, "lease_test_pairs")
 
-GIN = """
-run.model = @st5_model()
-st5_model.size = 't5_tiny'
-st5_model.embedding_dim = 16
-st5_model.dropout_rate = 0.0
-st5_model.vocab_size = 384
-run.train_config = @TrainConfig()
-TrainConfig.num_train_steps = 2
-TrainConfig.global_batch_size = 16
-TrainConfig.checkpoint_every = 2
-TrainConfig.log_every = 1
-TrainConfig.eval_every = -1
-run.data = @lease_test_pairs()
-run.mesh = @MeshConfig()
-MeshConfig.data = -1
-"""
 
 # Not the defaults (600 s, renewed every 150 s): the tests see a renewal or an expiry within a second.
 FAST = lease_lib.LeaseOptions(expiry_s=30.0, renew_s=0.05)
@@ -163,7 +147,7 @@ def test_a_second_trainer_on_gcs_is_refused(gcs):
 
 def _cli_train(tmp_path, wd, *flags):
   gin_file = tmp_path / "run.gin"
-  gin_file.write_text(GIN)
+  gin_file.write_text(synthetic.tiny_run_gin("lease_test_pairs", steps=2))
   return cli.main(["train", "--gin_file", str(gin_file), "--workdir", str(wd), "--no_progress", *flags])
 
 

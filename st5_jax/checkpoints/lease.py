@@ -83,13 +83,20 @@ def _boot_id() -> str | None:
     return None
 
 
-def _pid_start(pid: int) -> str | None:
-  """When process `pid` started (clock ticks since boot, /proc/PID/stat field 22): a reused pid differs."""
+def _stat_fields(pid: int) -> list[str] | None:
+  """/proc/PID/stat's fields after the command name (state first; the start time is [19]), or None."""
   try:
     with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-      return f.read().rsplit(")", 1)[1].split()[19]
+      fields = f.read().rsplit(")", 1)[1].split()
   except (OSError, IndexError):
     return None
+  return fields if len(fields) > 19 else None
+
+
+def _pid_start(pid: int) -> str | None:
+  """When process `pid` started (clock ticks since boot, /proc/PID/stat field 22): a reused pid differs."""
+  fields = _stat_fields(pid)
+  return fields[19] if fields else None
 
 
 def _pid_alive(pid: int, start: str | None = None) -> bool:
@@ -100,10 +107,8 @@ def _pid_alive(pid: int, start: str | None = None) -> bool:
     return False
   except PermissionError:
     pass
-  try:
-    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-      fields = f.read().rsplit(")", 1)[1].split()
-  except (OSError, IndexError):
+  fields = _stat_fields(pid)
+  if fields is None:
     return True
   if fields[0] == "Z":
     return False
