@@ -3,7 +3,8 @@
 argv: CACHE_ROOT OUT_JSON
 Env: JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, as tests/multihost_worker.py.
 Reads 12 global batches, saves the state (a collective) after 5, and checks that a fresh
-iterator restored from it continues with exactly batches 6-12.
+iterator restored from it continues with exactly batches 6-12; writes the state too (the
+test resumes it on one reader: an elastic resume).
 """
 
 import json
@@ -45,5 +46,5 @@ stream = resumed._streams[0]  # pylint: disable=protected-access
 pathlib.Path(out_json).write_text(json.dumps({
     "process": jax.process_index(), "processes": jax.process_count(), "reader": it.reader_id,
     "shards": stream.shards, "resume_same": bool(same), "cursor_readers": sorted(state["cursors"]),
-    "resume_records_read": stream.resume_records_read,
+    "resume_records_read": stream.resume_records_read, "state": state,
     "batches": [{k: v.tolist() for k, v in b.items()} for b in batches]}))

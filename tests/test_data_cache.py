@@ -48,6 +48,11 @@ def cache_root(data_dir, tmp_path_factory):
   return str(root)
 
 
+def _row_list(batch):
+  cols = [np.asarray(batch[k]) for k in KEYS]
+  return [tuple(tuple(c[i][c[i] != 0].tolist()) for c in cols) for i in range(len(cols[0]))]
+
+
 def _manifest(root, split="validation"):
   return json.loads(open(os.path.join(cache.task_dir(root, TASK, split), cache.MANIFEST)).read())
 
@@ -288,7 +293,7 @@ def test_command_errors_are_one_line(tmp_path, capsys):
   assert not os.listdir(tmp_path)
 
 
-def test_two_processes_read_their_own_shards_and_resume_together(cache_root, tmp_path):
+def test_two_processes_read_their_own_shards_and_resume_together_or_on_one(cache_root, tmp_path):
   """Two processes x 2 CPU devices (gloo): process p reads shards p, p+2; the gathered state resumes both."""
   import socket  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
@@ -320,6 +325,18 @@ def test_two_processes_read_their_own_shards_and_resume_together(cache_root, tmp
   for step, batch in enumerate(got[0]["batches"]):
     for k, rows in batch.items():
       np.testing.assert_array_equal(np.asarray(rows), np.concatenate([local[0][step][k], local[1][step][k]]))
+  # The state both processes saved after 5 steps resumes on one process (an elastic resume, 2 -> 1):
+  # the two readers' unread rest of the epoch, then whole epochs; no example twice, none lost.
+  state = got[0]["state"]
+  assert state == got[1]["state"] and state["num_readers"] == 2
+  one = make_local_iterator(task=TASK, split="validation", feature_lengths=LENGTHS, batch_size=32, seed=4,
+                            shuffle_buffer_size=64, cache_dir=cache_root)
+  one.set_state(state)
+  total = _manifest(cache_root)["num_examples"]
+  before = [row for b in got[0]["batches"][:5] for row in _row_list(b)]
+  after = [row for b in _take(one, -(-2 * total // 32)) for row in _row_list(b)]
+  carry, epoch = after[:total - len(before)], after[total - len(before):2 * total - len(before)]
+  assert len(set(epoch)) == total and collections.Counter(before + carry) == collections.Counter(epoch)
 
 
 def test_cache_on_gcs_reads_as_the_local_one(cache_root, gcs):

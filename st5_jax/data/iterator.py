@@ -11,8 +11,9 @@ The state (`get_state`) is JSON: the examples consumed per task (the same on eve
 process, since every process takes the same rows per step and the schedule is the
 same everywhere) and, per reader, each task's cursor (epoch, offset). Restoring
 rebuilds each task's current epoch from its seed and skips `offset` examples, so the
-cost of resuming grows with one epoch of a shard, never with the step. See
-docs/data.md for the measurements and the trade-offs against tf.data checkpoints.
+cost of resuming grows with one epoch of a shard, never with the step. A state saved by
+another number of readers resumes elastically (elastic.py). See docs/data.md for the
+measurements and the trade-offs against tf.data checkpoints.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from jax.experimental import multihost_utils
 
 from st5_jax import batch_geometry as geometry
 from st5_jax.batch_geometry import DataConfigError
-from st5_jax.data import convert, dedup as dedup_lib, mixing, streams as streams_lib
+from st5_jax.data import convert, dedup as dedup_lib, elastic, mixing, streams as streams_lib
 from st5_jax.data.streams import get_provider  # noqa: F401  (re-exported: its old home)
 from st5_jax.data.rows import RowStats
 
@@ -215,21 +216,36 @@ class BatchIterator:
     for stream in self._streams:
       stream.close()
 
-  def _start(self, *, step: int, block_start_step: int, positions: np.ndarray, cursors: list | None) -> None:
+  def _stream_factory(self, task: seqio.Task) -> elastic.StreamFactory:
+    """(num_readers, reader_id) -> task's stream as that reader sees it (not started).
+
+    A closure over the settings only: the streams must hold no reference to the iterator,
+    so a dropped iterator is collected and its producer stopped.
+    """
+    kw = dict(stats=self._task_stats[task.name], split=self.split, seed=self.seed, shuffle=self.shuffle,
+              repeat=self.repeat, layout=self.layout, shuffle_buffer_size=self.shuffle_buffer_size)
+    cache_dir, numpy_path = self.cache_dir, self.numpy_path
+
+    def make(num_readers: int, reader_id: int) -> streams_lib.TaskStream:
+      if cache_dir:  # every task from its token cache (st5_jax.data.cache)
+        from st5_jax.data import cache_stream  # pylint: disable=g-import-not-at-top
+        return cache_stream.CacheStream(task, cache_dir=cache_dir, reader_id=reader_id, num_readers=num_readers, **kw)
+      return streams_lib.make_stream(task, numpy_path=numpy_path, reader_id=reader_id, num_readers=num_readers, **kw)
+    return make
+
+  def _start(self, *, step: int, block_start_step: int, positions: np.ndarray, cursors: list | None,
+             carry: Mapping[str, Any] | None = None) -> None:
     self.close()
+    self._carry = dict(carry or {})
     new = []
     for task in self.tasks:
-      if self.cache_dir:  # every task from its token cache (st5_jax.data.cache)
-        from st5_jax.data import cache_stream  # pylint: disable=g-import-not-at-top
-        new.append(cache_stream.CacheStream(
-            task, layout=self.layout, cache_dir=self.cache_dir, shuffle_buffer_size=self.shuffle_buffer_size,
-            stats=self._task_stats[task.name], split=self.split, reader_id=self.reader_id,
-            num_readers=self.num_readers, seed=self.seed, shuffle=self.shuffle, repeat=self.repeat))
-        continue
-      new.append(streams_lib.make_stream(
-          task, layout=self.layout, numpy_path=self.numpy_path, shuffle_buffer_size=self.shuffle_buffer_size,
-          stats=self._task_stats[task.name], split=self.split, reader_id=self.reader_id,
-          num_readers=self.num_readers, seed=self.seed, shuffle=self.shuffle, repeat=self.repeat))
+      make = self._stream_factory(task)
+      stream = make(self.num_readers, self.reader_id)
+      record = self._carry.get(task.name)
+      if record is not None:  # an elastic resume: the old readers' unread rest of their epoch first
+        stream = elastic.CarryStream(stream, epoch=record["epoch"], units=elastic.reader_units(record, self.reader_id),
+                                     make_stream=make)
+      new.append(stream)
     if cursors is None:  # a state without this reader's cursors: count this shard's epochs
       cursors = [stream.locate(int(p)) for stream, p in zip(new, positions)]
     for stream, cursor in zip(new, cursors):
@@ -330,6 +346,13 @@ class BatchIterator:
       state = {"version": STATE_VERSION, **self._config(), "step": self._step, "block_start_step": int(step0),
                "positions": {t.name: int(p) for t, p in zip(self.tasks, positions)}}
     state["cursors"] = self._gather_cursors(list(cursors))
+    carry = {}
+    for name, record in self._carry.items():  # kept while a reader may still be in its carry epoch
+      epochs = [c[name][0] for c in state["cursors"].values()]
+      if len(epochs) < self.num_readers or min(epochs) <= record["epoch"]:
+        carry[name] = record
+    if carry:
+      state["elastic"] = carry
     json.dumps(state)  # fail here, not in the checkpointer
     return state
 
@@ -341,12 +364,24 @@ class BatchIterator:
     mine = self._config()
     if version == 1:  # saved before the seqio path existed: every task was on the NumPy path
       mine.pop("streams")
+    # Another number of readers (hosts) is an elastic resume (elastic.py); a version-1 state has no cursors for it.
+    resize = version == STATE_VERSION and state.get("num_readers") != self.num_readers
+    if resize:
+      mine.pop("num_readers")
     diffs = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
     if diffs:
       detail = "; ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in diffs.items())
       raise DataConfigError(f"Iterator state does not match this iterator ({detail}). Resume with the same "
-                            "task, split, seed, batch size, feature lengths, data path and number of data readers.")
+                            "task, split, seed, global batch size, feature lengths and data path (the number of "
+                            "data readers may change).")
     positions = np.asarray([int(state["positions"][t.name]) for t in self.tasks], np.int64)
+    if resize:
+      carry = {t.name: elastic.replan(state, t.name, self.num_readers, self._stream_factory(t)) for t in self.tasks}
+      with self._lock:
+        self._start(step=int(state["step"]), block_start_step=int(state["block_start_step"]), positions=positions,
+                    cursors=[(carry[t.name]["epoch"], 0) for t in self.tasks], carry=carry)
+      return
+    carry = dict(state.get("elastic", {}))
     cursors = None
     if version == STATE_VERSION and str(self.reader_id) in state.get("cursors", {}):
       mine_c = state["cursors"][str(self.reader_id)]
@@ -355,9 +390,12 @@ class BatchIterator:
       hints = [state.get("epoch_sizes", {}).get(t.name, {}).get(str(self.reader_id)) for t in self.tasks]
       if all(hints):
         cursors = [divmod(int(p), int(h)) if self.repeat or p < h else (1, 0) for p, h in zip(positions, hints)]
+    if carry and cursors is None:
+      raise DataConfigError(f"This state has no cursor for reader {self.reader_id}, which an elastic resume's carry "
+                            "epoch needs; resume from a state saved by every process.")
     with self._lock:
       self._start(step=int(state["step"]), block_start_step=int(state["block_start_step"]), positions=positions,
-                  cursors=cursors)
+                  cursors=cursors, carry=carry)
 
   # --- reporting --------------------------------------------------------------
 
@@ -387,6 +425,8 @@ class BatchIterator:
       per_task[task.name] = {"path": stream.kind, "read": read.as_dict(), "build": build,
                              "epoch": int(self._cursors[t][0]), "epoch_offset": int(self._cursors[t][1]),
                              "examples_consumed": int(self._positions[t]), "epoch_size": stream.epoch_size}
+      if "elastic" in info:  # an elastic resume's carry (elastic.py)
+        per_task[task.name]["elastic"] = info["elastic"]
       read_total.merge(read)
       build_rows += build.get("rows_read", 0)
       build_skipped += build.get("rows_skipped", 0)

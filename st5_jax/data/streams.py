@@ -83,6 +83,7 @@ class TaskStream:
     self.epoch_size: int | None = None
     self.cursor = (0, 0)
     self._finished: tuple[int, int] | None = None  # (epoch, size) of the last epoch read to its end
+    self.last_epoch: int | None = None  # set: the stream ends after this epoch (an elastic resume's unit)
     self.stats = RowStats()
 
   def _empty_message(self, where: str = "") -> str:
@@ -110,7 +111,7 @@ class TaskStream:
       raise DataConfigError(self._empty_message())
     self.epoch_size = n
     self._finished = (epoch, n)
-    return self.repeat
+    return self.repeat and (self.last_epoch is None or epoch < self.last_epoch)
 
   def resume_cursor(self) -> tuple[int, int]:
     """The cursor, moved past an epoch that is known to be finished (so resuming skips nothing)."""
