@@ -13,9 +13,9 @@ for anything else (collection error, timeout) -- an error is not a kill.
   python tests/mutations.py --baseline       first run each distinct test selection unmutated
   tests/run.sh --mutations [args]            the same, in the test environment
 
-125 mutants over losses (K hard negatives included), Adafactor and AdamW, the schedules, the train step
+127 mutants over losses (K hard negatives included), Adafactor and AdamW, the schedules, the train step
 and loop, the poolings, layer attention, the checkpoint importers, orbax restore, partitioning rules,
-batch geometry, the data converter, mixing, dedup and iterator state, export (SavedModel,
+batch geometry, the data converter, mixing, dedup, iterator state and elastic resume, export (SavedModel,
 sentence-transformers), ConSERT's augmentations, SEED-Encoder's weak decoder, evaluation, early
 stopping, retrieval metrics, BM25 and mining's false-negative filters. Each result records the test
 that killed the mutant (the first FAILED line of pytest -x). Not part of the default test run (the
@@ -288,6 +288,11 @@ MUTATIONS = [
       "each task's examples consumed carry over a resume"),
     M("data.state_mismatch_unchecked", "st5_jax/data/iterator.py", "    if diffs:\n      detail", "    if False:\n      detail",
       DATA_K("state_mismatch"), "a state from another task/seed/batch is refused"),
+    M("data.elastic_skip_ignored", "st5_jax/data/elastic.py", "units.append([old_n, r, epoch, offset])",
+      "units.append([old_n, r, epoch, 0])", ("tests/test_data_elastic.py",),
+      "an elastic resume deals only the old readers' unread rest of their epoch"),
+    M("data.elastic_carry_not_kept", "st5_jax/data/iterator.py", '    if carry:\n      state["elastic"] = carry\n', "",
+      ("tests/test_data_elastic.py",), "a state saved inside the carry epoch resumes it"),
     M("data.epoch_seed_ignores_epoch", "st5_jax/data/streams.py",
       "rng = np.random.default_rng([self.seed, task_key(self.task.name), epoch])",
       "rng = np.random.default_rng([self.seed, task_key(self.task.name)])", DATA_K("reshuffled"),

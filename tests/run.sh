@@ -7,7 +7,7 @@
 #   tests/run.sh --aot-all   only the AOT fit checks marked aot_all: the large shipped runs and
 #                            SEED-Encoder Base (~25 min on 2 cores)
 #   tests/run.sh --mutations [-k WORD..] [--baseline]   the hand-written mutation check
-#                            (tests/mutations.py, 125 mutants; not part of the default run; docs/testing.md)
+#                            (tests/mutations.py, 127 mutants; not part of the default run; docs/testing.md)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ST5_EXTRAS=test,tpu source launch/setup_env.sh

@@ -375,15 +375,12 @@ class BatchIterator:
                             "task, split, seed, global batch size, feature lengths and data path (the number of "
                             "data readers may change).")
     positions = np.asarray([int(state["positions"][t.name]) for t in self.tasks], np.int64)
-    if resize:
-      carry = {t.name: elastic.replan(state, t.name, self.num_readers, self._stream_factory(t)) for t in self.tasks}
-      with self._lock:
-        self._start(step=int(state["step"]), block_start_step=int(state["block_start_step"]), positions=positions,
-                    cursors=[(carry[t.name]["epoch"], 0) for t in self.tasks], carry=carry)
-      return
     carry = dict(state.get("elastic", {}))
     cursors = None
-    if version == STATE_VERSION and str(self.reader_id) in state.get("cursors", {}):
+    if resize:
+      carry = {t.name: elastic.replan(state, t.name, self.num_readers, self._stream_factory(t)) for t in self.tasks}
+      cursors = [(carry[t.name]["epoch"], 0) for t in self.tasks]
+    elif version == STATE_VERSION and str(self.reader_id) in state.get("cursors", {}):
       mine_c = state["cursors"][str(self.reader_id)]
       cursors = [tuple(int(x) for x in mine_c[t.name]) for t in self.tasks]
     elif version == 1:
