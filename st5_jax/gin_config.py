@@ -21,7 +21,7 @@ from gin import config_parser
 
 from st5_jax import configs, inference, multihost, objectives, optim, partitioning, paths, provenance, train
 from st5_jax import hooks as hooks_lib
-from st5_jax.checkpoints import lease as lease_lib
+from st5_jax.checkpoints import lease as lease_lib, storage
 from st5_jax.data import config as data_config
 # Imported for their gin configurables (st5_jax.data.options, user_qa_pairs, ...), which must
 # exist before a file is parsed; the objectives' task modules (seed_user_text, ...) are
@@ -364,8 +364,14 @@ def train_from_gin(*, workdir: str, progress: bool = True, lease: lease_lib.Leas
   eval_data_dir = data_config.data_dir(required=False)  # STS-B dev: the folder the tasks read
   config_text, operative_text = gin.config_str(), gin.operative_config_str()
   with lease_lib.hold(workdir, lease) as held:  # before anything is written to the work dir
-    provenance.check_and_record(workdir, config_text=config_text, operative_text=operative_text,
-                                allow_change=allow_config_change, write=multihost.is_lead())
+    try:
+      provenance.check_and_record(workdir, config_text=config_text, operative_text=operative_text,
+                                  allow_change=allow_config_change, write=multihost.is_lead())
+    except OSError as e:  # the config files could not be written: the work dir's one-line error
+      err = storage.workdir_write_error(e, paths.path(workdir))
+      if err is None:
+        raise
+      raise err from e
     return train.train(workdir=workdir, model_config=spec.model, train_config=spec.train_config,
                        make_iterator=spec.data, mesh_config=spec.mesh, init_from=spec.init_from,
                        init_projection=spec.init_projection, vocab_file=vocab_file, eval_data_dir=eval_data_dir,

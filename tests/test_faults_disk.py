@@ -95,6 +95,27 @@ def test_full_disk_during_a_save_is_named_and_resumable(tmp_path):
   assert "12" in names and not [n for n in names if "orbax-checkpoint-tmp" in n]
 
 
+def test_a_read_only_work_dir_is_one_line_before_anything_is_written(tmp_path):
+  """The first write a trainer makes is its lease; a read-only work dir fails there with the work dir's one line."""
+  missing = _prerequisite()
+  if missing:
+    pytest.skip(f"needs a private tmpfs mount without root: {missing}")
+  disk = tmp_path / "disk"
+  disk.mkdir()
+  gin_file = tmp_path / "run.gin"
+  gin_file.write_text(GIN.format(steps=2, every=2))
+  script = (f"mount -t tmpfs -o size=1m,ro tmpfs {disk} && {shlex.quote(sys.executable)} {WORKER} train "
+            f"--gin_file {gin_file} --workdir {disk}/wd --no_progress")
+  proc = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", script],
+                        env=dict(os.environ, XLA_FLAGS=xla_flags(1)), capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  lines = [l for l in proc.stderr.splitlines() if l.startswith("st5 train: error: ")]
+  assert lines == [f"st5 train: error: Cannot write to the work dir {disk}/wd: read-only file system (1.0 MiB "
+                   "free of 1.0 MiB on its file system). No checkpoint was committed yet; free space or fix the "
+                   "permissions and rerun the same command."], proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr
+
+
 def _unraisable(fail, obj=None):
   """What `sys.unraisablehook` is handed when native code's call to `fail` raises a RuntimeError."""
   try:

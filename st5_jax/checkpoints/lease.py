@@ -435,6 +435,11 @@ def hold(workdir: paths.PathLike, options: LeaseOptions = LeaseOptions()) -> Ite
       lease = WorkdirLease.acquire(workdir, options)
     except Exception as e:  # noqa: BLE001  (any failure: the other processes must hear of it, not wait at the barrier)
       error = e
+      from st5_jax.checkpoints import storage  # pylint: disable=g-import-not-at-top  (it imports orbax's half)
+      written = storage.workdir_write_error(e, paths.path(workdir))  # a read-only or full disk: the one line
+      if written is not None:
+        written.__cause__ = e
+        error = written
   if jax.process_count() > 1:
     try:
       multihost.barrier("workdir_lease")
