@@ -231,6 +231,7 @@ def test_st5_data_cache_derives_num_shards_and_refuses_shards_too_big_for_a_work
   assert cli.main(["data", "cache", "--out", out["beam"], *flags, "--runner", "DirectRunner", "--range_mb", "1"]) == 0
   err = capsys.readouterr().err
   assert err.count("9 input rows (counted) -> 4 shards (derived from --records_per_shard 3 and --num_readers 2)") == 2
+  assert "note: --num_readers" not in err
   mem, beam = (cache.task_dir(out[k], "test_beam_sizing", "train") for k in ("mem", "beam"))
   assert json.loads(open(os.path.join(beam, cache.MANIFEST)).read())["num_shards"] == 4
   _same_cache(mem, beam)
@@ -240,6 +241,11 @@ def test_st5_data_cache_derives_num_shards_and_refuses_shards_too_big_for_a_work
   err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("st5 data cache: error: ")]
   assert len(err) == 1 and "1 shards of up to 9 records" in err[0] and "use at least 10 shards" in err[0], err
   assert not os.path.exists(out["refused"])
+  # Without --num_readers the shards are sized for one reader, and the command says so (not with it, above).
+  assert cli.main(["data", "cache", "--out", str(tmp_path / "one"), *flags[:4], *flags[6:]]) == 0
+  err = capsys.readouterr().err
+  assert "9 input rows (counted) -> 3 shards (derived from --records_per_shard 3 and --num_readers 1)" in err
+  assert err.count("note: --num_readers not given") == 1 and "pass --num_readers R" in err
 
 
 def test_beam_cache_refuses_a_task_off_the_numpy_path(tmp_path):

@@ -90,9 +90,9 @@ def register(subparsers) -> None:
   p.add_argument("--records_per_shard", type=int, default=500_000,
                  help="records a shard holds when --num_shards is derived (default 500000: 2B pairs -> 4,000 shards; "
                       "resuming a run reads at most one shard)")
-  p.add_argument("--num_readers", type=int, default=1,
+  p.add_argument("--num_readers", type=int, default=None,
                  help="data readers (hosts) of the runs that train from the cache; a derived --num_shards is a "
-                      "multiple of it (default 1)")
+                      "multiple of it (default 1, with a note: a run on more hosts needs at least one shard each)")
   p.add_argument("--worker_memory_gb", type=float, default=4.0,
                  help="with --runner: memory of one Beam worker process (default 4: an n2-standard-8 over its 8 "
                       "processes); a shard whose writer would hold more than half of it is refused")
@@ -337,11 +337,16 @@ def _cache(args) -> int:
     raise UsageError(f"--worker_memory_gb must be positive, got {args.worker_memory_gb}.")
   if beam_args and not args.runner:
     raise UsageError(f"unrecognized arguments: {' '.join(beam_args)} (Beam flags need --runner)")
-  sizing = cache_writer.ShardSizing(records_per_shard=args.records_per_shard, num_readers=args.num_readers,
+  sizing = cache_writer.ShardSizing(records_per_shard=args.records_per_shard, num_readers=args.num_readers or 1,
                                     worker_memory_gb=args.worker_memory_gb)
 
   def progress(line):
     print(line, file=sys.stderr, flush=True)
+
+  if args.num_readers is None and args.num_shards is None:
+    progress("st5 data cache: note: --num_readers not given, so the shard count is sized for 1 data reader; a run "
+             "on R hosts reads at least one shard a host: pass --num_readers R (a v4 slice has chips / 4 hosts; "
+             "a run may later resume on fewer or more hosts, up to the shard count).")
 
   try:
     provider = get_provider(task)
