@@ -19,6 +19,8 @@ init_from, eval outputs, export) is on the emulated bucket:
      workers' local disk: TensorFlow's filesystem cannot reach the emulator), mixed with the
      NLI triples read from gs://; SIGTERM'd inside a dedup window and rerun, it ends with the
      parameters of an uninterrupted stage 2, each process resuming from its own shard positions;
+  3b. stage 2 continued for 4 steps on 1 host instead of 2 (a smaller slice): the data state
+     resumes elastically and orbax restores onto one process;
   4. `st5 eval` and `st5 export` of gs://.../stage2, writing to gs://;
   5. the SavedModel loaded from gs:// equals SentenceEncoder.load(gs://.../stage2).
 (Until 2026-12 step 3 was a separate 2-process test of its own, which compiled every program
@@ -117,9 +119,9 @@ def _env(gcs, data_url):
   return env
 
 
-def _launch(env, gin, workdir, *overrides):
+def _launch(env, gin, workdir, *overrides, hosts=2):
   # --env XLA_FLAGS: conftest's cheap compiles, explicitly (the launcher adds the device count).
-  cmd = [TPU_RUN, "--gin", gin, "--local-pod", "2", "--workdir", workdir, "--env", "XLA_FLAGS", *overrides]
+  cmd = [TPU_RUN, "--gin", gin, "--local-pod", str(hosts), "--workdir", workdir, "--env", "XLA_FLAGS", *overrides]
   return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           start_new_session=True)
 
@@ -150,8 +152,8 @@ class _Output:
 LOG_DIR = None  # set by the test: every launcher's output is kept there
 
 
-def _run(env, gin, workdir, *overrides, expect=0):
-  proc = _launch(env, gin, workdir, *overrides)
+def _run(env, gin, workdir, *overrides, expect=0, hosts=2):
+  proc = _launch(env, gin, workdir, *overrides, hosts=hosts)
   out = _Output(proc)
   proc.wait(timeout=900)
   out._thread.join(timeout=10)
@@ -300,6 +302,18 @@ def test_pod_rehearsal_two_stages_on_gcs(gcs, data_dir, tmp_path):
   # Initialised from stage 1's best (`init_from` of a work dir with one): the token table of a tiny
   # 20-step run stays close to it.
   assert np.corrcoef(p2["token_embedder/embedding"].ravel(), pb_res["token_embedder/embedding"].ravel())[0, 1] > 0.9
+  # 3b. The slice shrinks: stage 2 goes on for 4 more steps on 1 host (the same 8 devices and mesh, one
+  # process): orbax restores onto the new process layout, and the data state saved by 2 readers resumes
+  # elastically on 1 (the 2 readers' unread rest of their epochs first; tests/test_data_elastic.py counts it).
+  log = _run(dict(env2, ST5_LOCAL_POD_DEVICES="8"), str(gin), stage2, *init, nli,
+             f"--gin.TrainConfig.num_train_steps={STAGE2_STEPS + 4}", "--allow_config_change", hosts=1)
+  assert "[worker 1]" not in log and f"step {STAGE2_STEPS + 4}/{STAGE2_STEPS + 4}" in log, log[-3000:]
+  shrunk = _data_state(stage2, STAGE2_STEPS + 4)
+  assert shrunk["num_readers"] == 1 and set(shrunk["cursors"]) == {"0"}
+  assert {r["from_readers"] for r in shrunk["elastic"].values()} == {2}, shrunk.get("elastic")
+  change = json.loads(paths.read_text(f"{stage2}/config_history.json"))["changes"][-1]
+  assert change["step"] == STAGE2_STEPS and change["allowed_by"] == "--allow_config_change", change
+  assert [c["binding"] for c in change["bindings"]] == ["TrainConfig.num_train_steps"], change
 
   # 4. Evaluation and export read gs://.../stage2 and write to gs://.
   st5 = [sys.executable, "-m", "st5_jax.cli"]
