@@ -70,6 +70,16 @@ class ST5Config:
   # `output_hidden_states`, raw residual streams).
   layer_attention_token: str = "first"
   layer_attention_norm: bool = True
+  # Inference only (training never reads them): text prepended to every input before tokenisation, by
+  # name, as sentence-transformers' `prompts` (e.g. {"query": "query: ", "document": "passage: "}; a dict
+  # is accepted and stored as (name, text) pairs sorted by name), and the name `encode` uses when given
+  # none (sentence-transformers' `default_prompt_name`).
+  prompts: tuple[tuple[str, str], ...] = ()
+  default_prompt_name: str | None = None
+  # Inference only: `encode` keeps the first truncate_dim dimensions (renormalised to unit length when the
+  # model normalises); None keeps all output_dim. Set by `st5 export --truncate_dim` or a loaded
+  # sentence-transformers folder's config, never by training.
+  truncate_dim: int | None = None
 
   def __post_init__(self):
     if self.pooling not in POOLINGS:
@@ -77,6 +87,21 @@ class ST5Config:
     if self.layer_attention_token not in LAYER_ATTENTION_TOKENS:
       raise ValueError(f"layer_attention_token must be one of {LAYER_ATTENTION_TOKENS}, "
                        f"got {self.layer_attention_token!r}")
+    prompts = self.prompts.items() if isinstance(self.prompts, dict) else self.prompts
+    pairs = tuple(sorted((name, text) for name, text in prompts))
+    bad = [p for p in pairs if not (isinstance(p[0], str) and p[0] and isinstance(p[1], str))]
+    if bad:
+      raise ValueError(f"prompts map non-empty names to strings, e.g. {{'query': 'query: '}}; got {bad[0]!r}")
+    names = [name for name, _ in pairs]
+    if len(set(names)) != len(names):
+      raise ValueError(f"prompts name {names} more than once")
+    object.__setattr__(self, "prompts", pairs)
+    if self.default_prompt_name is not None and self.default_prompt_name not in names:
+      raise ValueError(f"default_prompt_name {self.default_prompt_name!r} is not one of the prompts "
+                       f"({', '.join(names) or 'none defined'})")
+    if self.truncate_dim is not None and not 1 <= self.truncate_dim <= self.output_dim:
+      raise ValueError(f"truncate_dim must be between 1 and the embedding size {self.output_dim}, "
+                       f"got {self.truncate_dim}")
 
   @property
   def uses_decoder(self) -> bool:
@@ -84,13 +109,30 @@ class ST5Config:
 
   @property
   def output_dim(self) -> int:
+    """Size of the tower's output (the projection's, else d_model)."""
     return self.embedding_dim if self.embedding_dim is not None else self.t5.emb_dim
+
+  @property
+  def encode_dim(self) -> int:
+    """Size of what `encode` returns: truncate_dim when set, else output_dim."""
+    return self.truncate_dim if self.truncate_dim is not None else self.output_dim
+
+  @property
+  def prompt_dict(self) -> dict[str, str]:
+    return dict(self.prompts)
 
   def replace(self, **kw) -> "ST5Config":
     return dataclasses.replace(self, **kw)
 
   def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
+    """The fields as JSON types; the inference-only ones only when set (so older configs read back unchanged
+    and a model without prompts keeps the fingerprint it had)."""
+    d = dataclasses.asdict(self)
+    d["prompts"] = self.prompt_dict
+    for key, unset in (("prompts", {}), ("default_prompt_name", None), ("truncate_dim", None)):
+      if d[key] == unset:
+        del d[key]
+    return d
 
   def to_json(self) -> str:
     return json.dumps(self.to_dict(), indent=2, sort_keys=True)

@@ -2,6 +2,8 @@
 
     enc = SentenceEncoder.load("path/to/model")
     emb_NxD = enc.encode(["A sentence.", "Another one."])   # float32, L2-normalised
+    q_QxD = enc.encode_query(["what is T5?"])               # the model's "query" prompt, if it has one
+    bits_NxB = enc.encode(texts, truncate_dim=64, precision="ubinary")  # 64 dims, renormalised, packed bits
 
 Formats (detected): this project's work dirs and exported model folders, Hugging Face
 T5 folders (T5EncoderModel / T5ForConditionalGeneration), sentence-transformers folders,
@@ -61,31 +63,37 @@ class SentenceEncoder(encode_options.EncodeAliases):
   @classmethod
   def load(cls, path: paths.PathLike, *, pooling: str | None = None, vocab: str | None = None,
            max_length: int | None = None, dtype: str | None = None, batch_size: int = 64,
-           checkpoint: str = "auto") -> "SentenceEncoder":
+           checkpoint: str = "auto", truncate_dim: int | None = None) -> "SentenceEncoder":
     """Loads any supported format, local or gs://; see module docstring.
 
     `checkpoint` (work dirs): "latest", "best" (WORKDIR/best, kept by early stopping) or
-    "auto" (best when there is one, else latest)."""
+    "auto" (best when there is one, else latest). `truncate_dim`: what `encode` keeps by default
+    (the first dimensions, renormalised when the model normalises; as SentenceTransformer's)."""
     from st5_jax.checkpoints import native  # pylint: disable=g-import-not-at-top
     path = native.choose_checkpoint(path, checkpoint)
     fmt = loader.detect_format(path)
     if fmt == "savedmodel":
-      fixed = {k: v for k, v in dict(pooling=pooling, max_length=max_length, vocab=vocab).items() if v is not None}
+      fixed = {k: v for k, v in dict(pooling=pooling, max_length=max_length, vocab=vocab,
+                                     truncate_dim=truncate_dim).items() if v is not None}
       if fixed:
         raise ValueError(f"{', '.join(fixed)} of a SavedModel are fixed at export time; re-export with "
-                         "`st5 export --pooling/--max_length/--vocab` instead.")
+                         "`st5 export --pooling/--max_length/--vocab/--truncate_dim` instead (or pass "
+                         "truncate_dim to encode).")
       return SavedModelEncoder(path, batch_size=batch_size)
     config, params, report, fmt = loader.load_model(path, pooling=pooling,
                                                     t5_overrides={"dtype": dtype or default_dtype()})
     if max_length is not None:
       config = config.replace(max_length=max_length)
+    if truncate_dim is not None:
+      config = config.replace(truncate_dim=truncate_dim)
     vocab_file = loader.resolve_vocab(path, fmt, vocab)
     return cls(config, params, tokenizer=vocab_lib.Tokenizer(vocab_file), source=f"{fmt}:{path}",
                report=report, max_batch_size=batch_size)
 
   @property
   def dim(self) -> int:
-    return self.config.output_dim
+    """Size of what `encode` returns (the model's truncate_dim when it has one)."""
+    return self.config.encode_dim
 
   def with_max_length(self, max_length: int) -> "SentenceEncoder":
     """The same model and compiled encoder with another token limit (retrieval queries vs documents)."""
@@ -102,9 +110,9 @@ class SentenceEncoder(encode_options.EncodeAliases):
     return np.asarray(self._apply(self.params, jnp.asarray(tokens_BxL, jnp.int32)), np.float32)
 
   def _encode_list(self, texts: list[str], batch_size: int | None, show_progress: bool) -> np.ndarray:
-    """float32 [len(texts), dim] embeddings (L2-normalised), in input order."""
+    """float32 [len(texts), output_dim] embeddings (L2-normalised), in input order; not yet truncated."""
     batch_size = batch_size or self.max_batch_size
-    out_NxD = np.zeros((len(texts), self.dim), np.float32)
+    out_NxD = np.zeros((len(texts), self.config.output_dim), np.float32)
     if not texts:
       return out_NxD
     rows = self.tokenize(texts)

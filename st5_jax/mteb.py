@@ -8,7 +8,12 @@
 
 `load` returns an `mteb.models.abs_encoder.AbsEncoder` (which supplies `similarity` /
 `similarity_pairwise`) with a filled-in `ModelMeta` (`mteb_model_meta`): without one,
-mteb substitutes an empty meta whose loader raises. `local_tasks` builds mteb tasks from
+mteb substitutes an empty meta whose loader raises. Prompts as mteb's sentence-transformers
+wrapper applies them: a model prompt named after the task (`{task}-{query|document}`, the task,
+`{task type}-{query|document}`, the task type, in that order), else `encode_query` (the "query"
+prompt) for mteb's query side, `encode_document` (the "document" prompt) for its document side,
+`encode` (the default prompt) otherwise. `load(path, truncate_dim=64)` scores the first 64
+dimensions (renormalised). `local_tasks` builds mteb tasks from
 the local evaluation data (`st5 data prepare` layout: STS-B, STS12-16, SICK-R) that run
 without network access, the way mteb's own mock tasks do. Needs the `mteb` extra.
 """
@@ -32,8 +37,9 @@ try:
   from datasets import Dataset, DatasetDict  # mteb's own dependency
   from mteb.abstasks.sts import AbsTaskSTS
   from mteb.abstasks.task_metadata import TaskMetadata
-  from mteb.models.abs_encoder import AbsEncoder
+  from mteb.models.abs_encoder import AbsEncoder, get_prompt_name
   from mteb.models.model_meta import ModelMeta
+  from mteb.types import PromptType
 except ImportError as e:  # pragma: no cover - exercised only without the extra
   raise ImportError("st5_jax.mteb needs the `mteb` package: pip install 'st5_jax[mteb]' "
                     "(mteb==2.26.24).") from e
@@ -66,7 +72,8 @@ def model_meta(encoder, *, path: str, name: str | None = None, revision: str | N
       embed_dim=encoder.dim, license=license, open_weights=True,
       public_training_code=None, public_training_data=None,
       framework=["JAX", "TensorFlow"] if savedmodel else ["JAX"], reference=PAPER,
-      similarity_fn_name="cosine", use_instructions=False, training_datasets=None, citation=CITATION,
+      similarity_fn_name="cosine", use_instructions=bool(getattr(encoder, "prompts", None)), training_datasets=None,
+      citation=CITATION,
   )
 
 
@@ -86,19 +93,27 @@ class SentenceT5Encoder(AbsEncoder):
     self.model = encoder
     self.mteb_model_meta = meta
     self.batch_size = batch_size
+    self.model_prompts = dict(getattr(encoder, "prompts", None) or {}) or None  # what AbsEncoder reads
 
   def encode(self, inputs, *, task_metadata, hf_split: str, hf_subset: str, prompt_type=None,
              **kwargs) -> np.ndarray:
-    """float32 [N, D] for every text of the DataLoader, in order (no prompts: ST5 takes none)."""
-    del task_metadata, hf_split, hf_subset, prompt_type  # the same tower for queries and documents
+    """float32 [N, D] for every text of the DataLoader, in order, with the prompt mteb's
+    sentence-transformers wrapper would choose (module docstring); the same tower for both sides."""
+    del hf_split, hf_subset
     texts = [str(t) for batch in inputs for t in batch["text"]]
     batch_size = kwargs.get("batch_size") or self.batch_size
-    return self.model.encode(texts, batch_size=batch_size, show_progress_bar=bool(kwargs.get("show_progress_bar")))
+    prompt_name = get_prompt_name(self.model_prompts, task_metadata, prompt_type)
+    side = PromptType(prompt_type) if prompt_type is not None else None
+    encode = {PromptType.query: self.model.encode_query,
+              PromptType.document: self.model.encode_document}.get(side, self.model.encode)
+    return encode(texts, batch_size=batch_size, prompt_name=prompt_name,
+                  show_progress_bar=bool(kwargs.get("show_progress_bar")))
 
 
 def load(path: str | os.PathLike, *, name: str | None = None, revision: str | None = None,
          license: str | None = "apache-2.0", **load_kwargs) -> SentenceT5Encoder:
-  """An mteb encoder for `path`; `load_kwargs` go to SentenceEncoder.load (pooling, vocab, max_length, ...)."""
+  """An mteb encoder for `path`; `load_kwargs` go to SentenceEncoder.load (pooling, vocab, max_length,
+  truncate_dim, ...)."""
   path = os.fspath(path)
   encoder = SentenceEncoder.load(path, **load_kwargs)
   return wrap(encoder, path=path, name=name, revision=revision, license=license, load_kwargs=load_kwargs,

@@ -63,8 +63,8 @@ def test_single_string_and_sentence_transformers_keywords(model_dir, vocab_path,
   assert isinstance(tensor, torch.Tensor) and tuple(tensor.shape) == (6, 16)
   np.testing.assert_allclose(tensor.numpy(), full, atol=1e-5)
   assert tuple(enc.encode("Hello world", convert_to_tensor=True).shape) == (16,)
-  with pytest.raises(TypeError, match="prompt"):
-    enc.encode(TEXTS, prompt="query: ")
+  with pytest.raises(TypeError, match="device"):
+    enc.encode(TEXTS, device="cpu")
   with pytest.raises(TypeError, match="strings"):
     enc.encode([1, 2])
   # normalize_embeddings matters for a model that does not normalise (normalize=False).

@@ -6,6 +6,7 @@ import json
 
 import flax.linen as nn
 import jax
+import numpy as np
 import pytest
 
 from st5_jax import cli, configs
@@ -72,3 +73,49 @@ def test_unknown_mteb_task_fails_before_loading(tmp_path, data_dir, capsys):
   assert rc == 2
   err = capsys.readouterr().err
   assert "st5 eval: error: unknown mteb task 'NoSuchTaskAnywhere'" in err and "Traceback" not in err
+
+
+def test_prompts_by_mteb_prompt_type_and_truncate_dim(model_dir):
+  from mteb.types import PromptType
+
+  from st5_jax import SentenceEncoder
+  from st5_jax import mteb as st5_mteb
+
+  texts = ["a man plays a guitar", "what is T5?", ""]
+  batches = [{"text": texts[:2]}, {"text": texts[2:]}]  # mteb's DataLoader: batches of {"text": [...]}
+  sts = st5_mteb.local_tasks(["STSBenchmark"])[0].metadata  # type "STS"
+  retrieval = sts.model_copy(update={"name": "SomeRetrieval", "type": "Retrieval"})
+  plain = SentenceEncoder.load(model_dir)
+  enc = SentenceEncoder(plain.config.replace(prompts={"query": "q: ", "document": "d: ", "STS": "sts: "}),
+                        plain.params, tokenizer=plain.tokenizer)
+  model = st5_mteb.wrap(enc, path=str(model_dir))
+  assert model.mteb_model_meta.use_instructions and model.model_prompts == enc.prompts
+
+  def run(meta, prompt_type):
+    return model.encode(batches, task_metadata=meta, hf_split="test", hf_subset="default", prompt_type=prompt_type)
+
+  # As mteb's sentence-transformers wrapper: the query side gets the "query" prompt, the document side the
+  # "document" prompt, and a prompt named after the task type wins over both.
+  np.testing.assert_allclose(run(retrieval, PromptType.query), enc.encode(texts, prompt="q: "), atol=1e-6)
+  np.testing.assert_allclose(run(retrieval, PromptType.document), enc.encode(texts, prompt="d: "), atol=1e-6)
+  np.testing.assert_allclose(run(retrieval, None), plain.encode(texts), atol=1e-6)  # no default prompt: none
+  np.testing.assert_allclose(run(sts, PromptType.query), enc.encode(texts, prompt="sts: "), atol=1e-6)
+  np.testing.assert_allclose(run(sts, None), enc.encode(texts, prompt="sts: "), atol=1e-6)
+
+  # A default prompt applies where mteb has no side (STS), not to its queries and documents: those get the
+  # query / document prompts, none here (a SentenceTransformer's empty "query" / "document" prompts).
+  with_default = st5_mteb.wrap(SentenceEncoder(plain.config.replace(prompts={"c": "c: "}, default_prompt_name="c"),
+                                               plain.params, tokenizer=plain.tokenizer), path=str(model_dir))
+  np.testing.assert_allclose(with_default.encode(batches, task_metadata=sts, hf_split="test", hf_subset="default"),
+                             enc.encode(texts, prompt="c: "), atol=1e-6)
+  for side in (PromptType.query, PromptType.document):
+    np.testing.assert_allclose(with_default.encode(batches, task_metadata=retrieval, hf_split="test",
+                                                   hf_subset="default", prompt_type=side), plain.encode(texts),
+                               atol=1e-6)
+
+  truncated = st5_mteb.load(model_dir, truncate_dim=8)
+  assert truncated.mteb_model_meta.embed_dim == 8 and truncated.mteb_model_meta.loader_kwargs == {"truncate_dim": 8}
+  full = plain.encode(texts)
+  np.testing.assert_allclose(truncated.encode(batches, task_metadata=retrieval, hf_split="test", hf_subset="default",
+                                              prompt_type=PromptType.query),
+                             full[:, :8] / np.linalg.norm(full[:, :8], axis=1, keepdims=True), rtol=1e-6, atol=1e-7)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,13 @@ EXPORT_FILE = "st5_export.json"
 ASSETS_DIR = "assets"
 # Checkpoint key of the i-th entry of the exported module's `params` list.
 VARIABLE_KEY = "params/{}/.ATTRIBUTES/VARIABLE_VALUE"
+PROMPT_SIGNATURE_PREFIX = "prompt_"
+
+
+def prompt_signature_key(name: str) -> str:
+  """The signature that prepends prompt `name`: "prompt_" + the name, other characters than letters, digits
+  and _ written as _ ("query" -> "prompt_query")."""
+  return PROMPT_SIGNATURE_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
 def assets(path: str | os.PathLike) -> pathlib.Path:

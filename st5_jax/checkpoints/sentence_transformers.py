@@ -3,7 +3,8 @@
 modules.json lists: a Transformer (a Hugging Face T5 encoder folder), Pooling (mean or
 first token), Dense (no bias, identity activation; weight `linear.weight` [out, in]),
 and optionally Normalize. Anything else cannot be expressed as a Sentence-T5 tower and
-is refused with the reason.
+is refused with the reason. config_sentence_transformers.json's prompts, default_prompt_name
+and truncate_dim are kept.
 """
 
 from __future__ import annotations
@@ -83,6 +84,12 @@ def load_folder(path: str | os.PathLike) -> tuple[ST5Config, dict[str, np.ndarra
     embedding_dim = int(dcfg["out_features"])
 
   max_length = _max_seq_length(tf_dir, root)
+  st_config = {}
+  if (root / "config_sentence_transformers.json").is_file():
+    st_config = json.loads((root / "config_sentence_transformers.json").read_text())
   config = ST5Config(t5=t5_cfg, pooling=pooling, embedding_dim=embedding_dim,
-                     normalize="Normalize" in by_type, max_length=max_length)
+                     normalize="Normalize" in by_type, max_length=max_length,
+                     prompts={k: v or "" for k, v in (st_config.get("prompts") or {}).items()},
+                     default_prompt_name=st_config.get("default_prompt_name"),
+                     truncate_dim=st_config.get("truncate_dim"))
   return config, flat, {"transformer_dir": str(tf_dir), "unknown_keys": unknown}

@@ -91,15 +91,21 @@ def load_sentence_encoder(path: str, args: argparse.Namespace):
 
 
 def side_encoders(enc, args: argparse.Namespace) -> dict:
-  """`evaluate`'s encode_query / encode_document for --query_max_length / --document_max_length."""
+  """`evaluate`'s encode_query / encode_document for --query_max_length / --document_max_length, and for a
+  model with prompts (its `encode_query` / `encode_document`: the query and document prompts)."""
   out = {}
+  prompted = bool(getattr(enc, "prompts", None))
   for side, limit in (("query", args.query_max_length), ("document", args.document_max_length)):
+    if limit is None and not prompted:
+      continue
+    sided = enc
     if limit is not None:
       if not hasattr(enc, "with_max_length"):
         raise SystemExit(f"--{side}_max_length: the max length of {enc.source} is fixed (a SavedModel); re-export "
                          "it with `st5 export --max_length`")
       sided = enc.with_max_length(limit)
-      out[f"encode_{side}"] = lambda texts, e=sided: e.encode(texts, batch_size=args.batch_size)
+    encode_side = getattr(sided, f"encode_{side}")
+    out[f"encode_{side}"] = lambda texts, e=encode_side: e(texts, batch_size=args.batch_size)
   return out
 
 

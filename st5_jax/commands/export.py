@@ -27,6 +27,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                  "form, not LayerAttPooler's, which always runs it).")
   p.add_argument("--max_length", type=int, default=None,
                  help="Token limit (EOS included) baked into the export; default: the model's.")
+  p.add_argument("--prompt", action="append", default=[], metavar="NAME=TEXT",
+                 help="Add (or replace) a prompt of the export, e.g. --prompt 'query=query: ' (repeatable); the "
+                      "model's own prompts (st5_model.prompts) are exported too.")
+  p.add_argument("--default_prompt_name", default=None,
+                 help="The prompt `encode` uses when given none (default: the model's, if any).")
+  p.add_argument("--truncate_dim", type=int, default=None,
+                 help="Export embeddings of the first D dimensions, renormalised when the model normalises "
+                      "(sentence-transformers: its truncate_dim config; SavedModel: in the graph).")
   p.add_argument("--platforms", default="cpu,cuda,tpu",
                  help="SavedModel only: comma-separated lowering platforms of the forward pass.")
   p.add_argument("--eval_results", action="append", default=[],
@@ -49,10 +57,17 @@ def run(args: argparse.Namespace) -> int:
   from st5_jax.export.sentence_transformers import UnsupportedExportError  # pylint: disable=g-import-not-at-top
 
   platforms = tuple(p.strip() for p in args.platforms.split(",") if p.strip())
+  prompts = {}
+  for entry in args.prompt:
+    name, sep, text = entry.partition("=")
+    if not sep or not name:
+      raise UsageError(f"--prompt {entry!r}: write NAME=TEXT, e.g. --prompt 'query=query: '")
+    prompts[name] = text
   try:
     summary = export_model(args.model, format=args.format, out=args.out, vocab=args.vocab, pooling=args.pooling,
                            max_length=args.max_length, platforms=platforms, eval_results=args.eval_results,
-                           overwrite=args.overwrite, checkpoint=args.checkpoint)
+                           overwrite=args.overwrite, checkpoint=args.checkpoint, prompts=prompts,
+                           default_prompt_name=args.default_prompt_name, truncate_dim=args.truncate_dim)
   except (UnsupportedExportError, FileExistsError) as e:
     raise UsageError(str(e)) from e
   print(json.dumps(summary, indent=1))

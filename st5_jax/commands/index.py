@@ -56,6 +56,10 @@ def register(sub: argparse._SubParsersAction) -> None:
   p.add_argument("--hnsw_m", type=int, default=None, help="HNSW links a node (default 32).")
   p.add_argument("--ef_construction", type=int, default=None, help="HNSW build breadth (default 200).")
   p.add_argument("--ef_search", type=int, default=None, help="HNSW search breadth (default 128, never below k).")
+  p.add_argument("--precision", choices=["float32", "int8", "uint8", "binary", "ubinary"], default="float32",
+                 help="Also write the corpus as quantized codes (quantized.npy) for `st5 search --precision`: int8 / "
+                      "uint8 (ranges: each dimension's min and max over the corpus), binary / ubinary (packed sign "
+                      "bits, 32x smaller than float32); float32 (default): none.")
   p.set_defaults(run=run)
 
 
@@ -179,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
       args.model, corpus, args.out, shard_size=args.shard_size, batch_size=args.batch_size,
       max_length=args.max_length, pooling=args.pooling, vocab=args.vocab, checkpoint=args.checkpoint,
       param_sharding=args.param_sharding, ann=args.ann, ann_params=ann_overrides(args), corpus_format=args.format,
-      progress=lambda line: print(line, file=sys.stderr, flush=True))
+      precision=args.precision, progress=lambda line: print(line, file=sys.stderr, flush=True))
   rate = report.encoded_documents / max(report.encode_seconds, 1e-9)
   where = f"process {report.process} of {report.processes}: " if report.processes > 1 else ""
   print(f"st5 index: {where}encoded {len(report.encoded)} shards ({report.encoded_documents} documents, "

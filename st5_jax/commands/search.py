@@ -3,6 +3,9 @@
 Queries are encoded with the index's own model (the folder it was built from; `--model` overrides it) and
 searched exactly on the devices (blocked matmul + top-k; `--approx`: TPU's approximate top-k) or with the
 index's ANN index (`--ann`). Writes `qid Q0 docid rank score tag` lines, and JSON lines with --jsonl.
+`--precision binary|ubinary|int8|uint8` searches the index's quantized copy (`st5 index --precision`) exactly on
+the host, the top k * `--rescore_multiplier` (default 4; 0: none) rescored with the float queries.
+A model with prompts encodes the queries with `encode_query`'s prompt.
 `--queries TASK` (a retrieval evaluation set, as `st5 index --corpus TASK`) takes the set's queries and
 prints its measures against the set's qrels (`--metrics FILE` also writes them as JSON); the index must hold
 exactly the set's corpus (else exit 2, naming the command that builds it), so the measures are `st5 eval`'s.
@@ -48,6 +51,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                  "the index's).")
   p.add_argument("--ef_search", type=int, default=None, help="--ann on an HNSW index: search breadth.")
   p.add_argument("--block_size", type=int, default=65536, help="Documents scored at once per exact-search step.")
+  p.add_argument("--precision", choices=["float32", "int8", "uint8", "binary", "ubinary"], default="float32",
+                 help="Search the index's quantized copy of this precision (built by `st5 index --precision`): "
+                      "Hamming distance for binary / ubinary, the codes' dot product for int8 / uint8.")
+  p.add_argument("--rescore_multiplier", type=int, default=None,
+                 help="With --precision: rescore the top k * N by the float queries against the candidates' bits "
+                      "or dequantized values (default 4; 0: keep the quantized scores).")
   p.set_defaults(run=run)
 
 
@@ -62,9 +71,15 @@ def run(args: argparse.Namespace) -> int:
     raise UsageError(f"--k must be >= 1, got {args.k}")
   if not args.ann and (args.nprobe is not None or args.ef_search is not None):
     raise UsageError("--nprobe / --ef_search set the ANN index's search; add --ann")
+  if args.precision != "float32" and (args.ann or args.approx):
+    raise UsageError(f"--precision {args.precision} searches the quantized codes exactly; drop --ann / --approx")
+  if args.rescore_multiplier is not None and args.precision == "float32":
+    raise UsageError("--rescore_multiplier rescores a search over quantized codes; add --precision")
   from st5_jax.commands.index import is_task  # pylint: disable=g-import-not-at-top
 
   index = index_lib.Index.open(args.index)
+  if args.precision != "float32":
+    index.load_quantized(args.precision)  # before encoding: an index without that copy is refused at once
   task = args.queries[0] if len(args.queries) == 1 and is_task(args.queries[0]) else None
   if task is not None:
     from st5_jax import paths  # pylint: disable=g-import-not-at-top
@@ -82,12 +97,14 @@ def run(args: argparse.Namespace) -> int:
   model = search_lib.query_model(index, model=args.model, max_length=args.query_max_length, vocab=args.vocab,
                                  checkpoint=args.checkpoint, pooling=args.pooling)
   start = time.perf_counter()
-  queries_QxD = index_lib.MeshEncoder(model, batch_size=args.batch_size).encode(texts)
+  queries_QxD = index_lib.MeshEncoder(model, batch_size=args.batch_size).encode(
+      texts, prompt=index_lib.side_prompt(model, "query"))
   encoded = time.perf_counter()
   method = "ann" if args.ann else "approx" if args.approx else "exact"
   scores, indices = search_lib.search_index(index, queries_QxD, args.k, method=method,
                                             ann_params={"nprobe": args.nprobe, "efSearch": args.ef_search},
-                                            block_size=args.block_size)
+                                            block_size=args.block_size, precision=args.precision,
+                                            rescore_multiplier=args.rescore_multiplier)
   searched = time.perf_counter()
   run_dict = metrics.run_from_topk(query_ids, index.ids, scores, indices)
   runs.write_trec(args.out, run_dict, tag=args.tag)
@@ -103,6 +120,9 @@ def run(args: argparse.Namespace) -> int:
       paths.write_text(args.metrics, json.dumps({"task": task, **scored["mean"], "n_queries": scored["n_queries"]},
                                                 indent=1) + "\n")
   how = f"{method}" + (f" {index.ann_info['kind']}" if method == "ann" else "")
+  if args.precision != "float32":
+    multiplier = 4 if args.rescore_multiplier is None else args.rescore_multiplier
+    how += f" {args.precision}" + (f", rescored top {multiplier}k" if multiplier else ", not rescored")
   print(f"st5 search: {len(query_ids)} queries x {len(index)} documents, top {min(args.k, len(index))} ({how}): "
         f"encoded in {encoded - start:.1f}s, searched in {searched - encoded:.2f}s "
         f"({len(query_ids) / max(searched - encoded, 1e-9):.0f} queries/s) -> {args.out}"

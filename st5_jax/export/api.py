@@ -19,11 +19,14 @@ log = logging.getLogger(__name__)
 def export_model(model: paths.PathLike, *, format: str, out: paths.PathLike,  # noqa: A002
                  vocab: str | None = None, pooling: str | None = None, max_length: int | None = None,
                  platforms: Sequence[str] | None = None, eval_results: Sequence[str] = (),
-                 overwrite: bool = False, checkpoint: str = "auto") -> dict[str, Any]:
+                 overwrite: bool = False, checkpoint: str = "auto", prompts: dict[str, str] | None = None,
+                 default_prompt_name: str | None = None, truncate_dim: int | None = None) -> dict[str, Any]:
   """Exports `model` (any format `SentenceEncoder.load` reads) to `out` (local or gs://); returns a summary.
 
   format: "savedmodel" or "sentence-transformers". `pooling` / `max_length` override the
-  checkpoint's; `platforms` are the SavedModel's lowering targets (default cpu, cuda, tpu);
+  checkpoint's; `prompts` are added to the model's own (a name given replaces the model's),
+  `default_prompt_name` / `truncate_dim` replace the model's (st5_jax.configs.ST5Config);
+  `platforms` are the SavedModel's lowering targets (default cpu, cuda, tpu);
   `eval_results` are `st5 eval` results files quoted in the model card. `checkpoint`: of a work dir,
   "latest", "best" or "auto" (best when early stopping kept one).
   """
@@ -40,6 +43,10 @@ def export_model(model: paths.PathLike, *, format: str, out: paths.PathLike,  # 
       raise FileNotFoundError(f"evaluation results {f} do not exist")
   start = time.perf_counter()
   src = source.load_source(model, vocab=vocab, pooling=pooling, max_length=max_length, checkpoint=checkpoint)
+  src.config = src.config.replace(
+      prompts={**src.config.prompt_dict, **(prompts or {})},
+      default_prompt_name=default_prompt_name if default_prompt_name is not None else src.config.default_prompt_name,
+      truncate_dim=truncate_dim if truncate_dim is not None else src.config.truncate_dim)
   if format == "sentence-transformers":
     if src.config.pooling == "layer_attention":
       # sentence-transformers pools only the last layer: export the removed-at-inference
@@ -79,7 +86,8 @@ def export_model(model: paths.PathLike, *, format: str, out: paths.PathLike,  # 
     size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
   end = time.perf_counter()
   summary = {"out": out_path, "format": format, "source": src.path, "source_format": src.format,
-             "pooling": src.config.pooling, "output_dim": src.config.output_dim,
+             "pooling": src.config.pooling, "output_dim": src.config.encode_dim,
+             "prompts": src.config.prompt_dict, "truncate_dim": src.config.truncate_dim,
              "max_length": src.config.max_length, "num_params": num_params, "bytes": size,
              "vocab_file": src.vocab_file, "load_seconds": round(loaded - start, 2),
              "export_seconds": round(end - loaded, 2), **{k: v for k, v in stats.items() if k.endswith("_seconds")}}

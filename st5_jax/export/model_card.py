@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 from st5_jax import __version__, configs, paths
 from st5_jax.checkpoints import native
+from st5_jax.checkpoints.savedmodel import prompt_signature_key
 from st5_jax.configs import ST5Config
 
 log = logging.getLogger(__name__)
@@ -189,7 +190,24 @@ def _architecture(cfg: ST5Config) -> str:
           f"{t5.num_heads} heads x {t5.head_dim}, {layers} layers, vocabulary {t5.vocab_size}")
 
 
-def _usage(fmt: str, name: str, dim: int) -> str:
+def _prompt_usage(fmt: str, cfg: ST5Config) -> str:
+  """How to encode with the prompts (empty without prompts)."""
+  if not cfg.prompts:
+    return ""
+  first = cfg.prompts[0][0]
+  key = prompt_signature_key(first)
+  if fmt == "savedmodel":
+    return (f"\nWith a prompt: the signature `{key}` (each prompt has one: `prompt_` + its name) prepends the "
+            f"`{first}` prompt, e.g. `model.signatures[\"{key}\"](inputs=tf.constant([\"...\"]))[\"outputs\"]`; "
+            "`model(x)` and `serving_default` "
+            + (f"prepend the default prompt `{cfg.default_prompt_name}`.\n" if cfg.default_prompt_name
+               else "prepend none.\n"))
+  return (f"\nWith a prompt: `model.encode(texts, prompt_name=\"{first}\")`, or `model.encode_query(texts)` / "
+          "`model.encode_document(texts)`.\n")
+
+
+def _usage(fmt: str, name: str, dim: int, cfg: ST5Config | None = None) -> str:
+  prompts = _prompt_usage(fmt, cfg) if cfg is not None else ""
   if fmt == "savedmodel":
     return f"""TensorFlow (no JAX needed; `tensorflow_text` registers the SentencePiece ops):
 
@@ -220,7 +238,7 @@ embeddings = SentenceEncoder.load("{name}").encode(["A sentence."])
 
 Other signatures: `tokenize` (inputs -> int32 tokens, EOS appended, zero padded) and
 `encode_tokens` (tokens -> outputs). The vocabulary is `assets/spiece.model`.
-"""
+{prompts}"""
   return f"""sentence-transformers:
 
 ```python
@@ -238,7 +256,7 @@ encoder, tokenizer = T5EncoderModel.from_pretrained("{name}"), T5Tokenizer.from_
 ```
 
 st5_jax: `SentenceEncoder.load("{name}")`, or `st5 encode --model {name} ...`.
-"""
+{prompts}"""
 
 
 def render(info: CardInfo, *, export_format: str, name: str = ".") -> str:
@@ -249,7 +267,7 @@ def render(info: CardInfo, *, export_format: str, name: str = ".") -> str:
   lines = ["---", f"library_name: {library}", "pipeline_tag: sentence-similarity",
            "tags:", "- sentence-t5", "- sentence-similarity", "- feature-extraction", f"- {cfg.pooling}",
            "---", "",
-           f"# Sentence-T5 encoder ({cfg.pooling}, {cfg.output_dim} dimensions)", "",
+           f"# Sentence-T5 encoder ({cfg.pooling}, {cfg.encode_dim} dimensions)", "",
            f"Exported with `st5 export --format {export_format}` (st5_jax {__version__}) on "
            f"{datetime.date.today().isoformat()} from `{info.source}` ({info.source_format} format"
            + (f", step {info.step}" if info.step is not None else "") + ").", "",
@@ -262,8 +280,19 @@ def render(info: CardInfo, *, export_format: str, name: str = ".") -> str:
            f"| Normalisation | {'L2 (unit-length embeddings; dot product = cosine)' if cfg.normalize else 'none'} |",
            f"| Max sequence length | {cfg.max_length} tokens, EOS included (longer inputs are truncated) |",
            "| Tokenizer | T5 SentencePiece vocabulary; EOS (id 1) appended, padding id 0 |"]
+  if cfg.truncate_dim is not None:
+    lines.append(f"| Truncated | the first {cfg.truncate_dim} of {cfg.output_dim} dimensions"
+                 + (", renormalised to unit length |" if cfg.normalize else " |"))
   if info.num_params:
     lines.append(f"| Parameters | {info.num_params:,} |")
+  if cfg.prompts:
+    lines += ["", "## Prompts", "",
+              "Prepended to the text before tokenisation (they count in the max sequence length); "
+              "`encode_query` uses `query`, `encode_document` `document` (each none when the model has no such prompt)"
+              + (f"; `encode` without a prompt uses `{cfg.default_prompt_name}`." if cfg.default_prompt_name
+                 else "; `encode` without a prompt adds none."), "",
+              "| Name | Prompt |", "|---|---|"]
+    lines += [f"| `{name}` | `{json.dumps(text)}` |" for name, text in cfg.prompts]
   if info.trained_pooling and info.trained_pooling != cfg.pooling:
     lines += ["", "## Pooling differs from training", "",
               f"This model was trained with `{info.trained_pooling}` pooling "
@@ -317,7 +346,7 @@ def render(info: CardInfo, *, export_format: str, name: str = ".") -> str:
               "Scored with [MTEB](https://github.com/embeddings-benchmark/mteb) (`st5 eval --mteb`); main score x100.",
               "", "| Model | Task | Split | Metric | Score |", "|---|---|---|---|---:|"]
     lines += [f"| {m} | {t} | {split or '-'} | {metric or '-'} | {v:.2f} |" for m, t, split, metric, v in info.mteb_rows]
-  lines += ["", "## How to load", "", _usage(export_format, name, cfg.output_dim).rstrip(), ""]
+  lines += ["", "## How to load", "", _usage(export_format, name, cfg.encode_dim, cfg).rstrip(), ""]
   return "\n".join(lines)
 
 

@@ -5,6 +5,12 @@
     model = tf.saved_model.load(DIR)
     emb_BxD = model(tf.constant(["A sentence.", "Another one."]))[0]
     emb_BxD = model.signatures["serving_default"](inputs=tf.constant([...]))["outputs"]
+    q_BxD = model.signatures["prompt_query"](inputs=tf.constant([...]))["outputs"]  # a model with a "query" prompt
+
+A model's prompts get a signature each (`prompt_` + the name: the prompt prepended in the graph);
+`model(x)` / serving_default prepend the default prompt when the model names one; `model.embed(x)`
+takes the texts as given. A config with truncate_dim truncates (and renormalises) every output in
+the graph.
 
 The forward pass is `SentenceT5(config).apply` converted with jax2tf (native
 serialisation: one XlaCallModule op holding StableHLO, lowered for several platforms),
@@ -46,8 +52,8 @@ from st5_jax import encode_options, paths, vocab
 from st5_jax.checkpoints import tree
 # The layout and its reader (re-exported: `savedmodel.load_flat`, `read_config`, ... as before).
 from st5_jax.checkpoints.savedmodel import (  # noqa: F401
-    ASSETS_DIR, CONFIG_FILE, EXPORT_FILE, VOCAB_FILE, assets as _assets, is_export, load_flat, read_config,
-    read_metadata)
+    ASSETS_DIR, CONFIG_FILE, EXPORT_FILE, VOCAB_FILE, assets as _assets, is_export, load_flat,
+    prompt_signature_key, read_config, read_metadata)
 from st5_jax.configs import ST5Config
 from st5_jax.inference import length_buckets
 from st5_jax.model.st5 import SentenceT5, abstract_params
@@ -65,12 +71,31 @@ TOKENS_KEY = "tokens"
 # StableHLO lowered for all three lets one SavedModel serve on TF CPU, GPU and TPU builds;
 # the runtime picks the lowering of the device it runs on.
 DEFAULT_PLATFORMS = ("cpu", "cuda", "tpu")
+BUILTIN_SIGNATURES = ("serving_default", "tokenize", "encode_tokens")
 
 
 def _check_vocab(vocab_file: str, config: ST5Config) -> bytes:
   proto = vocab.model_proto(vocab_file)  # a tokenizer.json becomes a SentencePiece model here
   vocab.check_t5(spm.SentencePieceProcessor(model_proto=proto), where=vocab_file, vocab_size=config.t5.vocab_size)
   return proto
+
+
+def _with_prompt(prompt: str, inputs):
+  """The [batch] strings with `prompt` prepended (unchanged for an empty prompt)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (TensorFlow: see the note above `log`)
+
+  return tf.strings.join([tf.constant(prompt), inputs]) if prompt else inputs
+
+
+def prompt_signatures(config: ST5Config) -> dict[str, str]:
+  """{signature key: prompt name} of the model's prompts (prompt_signature_key); a clash is an error."""
+  keys = {}
+  for name in config.prompt_dict:
+    key = prompt_signature_key(name)
+    if key in keys:
+      raise ValueError(f"prompts {keys[key]!r} and {name!r} would both be SavedModel signature {key!r}; rename one")
+    keys[key] = name
+  return keys
 
 
 def _jax_forward(config: ST5Config, names: Sequence[str], platforms: Sequence[str]):
@@ -96,8 +121,10 @@ def _build_module(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], n
   import tensorflow_text as tf_text  # pylint: disable=g-import-not-at-top  (TensorFlow: see the note above `log`)
 
   forward = _jax_forward(config, names, platforms)
-  dim = config.output_dim
+  dim = config.encode_dim  # truncate_dim when the config sets one
+  truncated = config.truncate_dim is not None and config.truncate_dim < config.output_dim
   max_length = config.max_length
+  default_prompt = config.prompt_dict.get(config.default_prompt_name, "") if config.default_prompt_name else ""
   # Powers of two, as training's in-loop evaluation pads: TF compiles the XlaCallModule for
   # a handful of lengths instead of every batch maximum.
   buckets = length_buckets(max_length)
@@ -145,20 +172,40 @@ def _build_module(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], n
 
     @tf.function(autograph=False, input_signature=[tf.TensorSpec([None, None], tf.int32, name=TOKENS_KEY)])
     def encode_tokens(self, tokens):
-      """float32 [batch, D] from tokens (pad 0, EOS-terminated, at least one row)."""
-      return tf.ensure_shape(forward(self.params, tokens), [None, dim])
+      """float32 [batch, D] from tokens (pad 0, EOS-terminated, at least one row); D = truncate_dim if set."""
+      emb = forward(self.params, tokens)
+      if truncated:  # the first truncate_dim dimensions, renormalised when the model normalises
+        emb = emb[:, :dim]
+        if config.normalize:
+          emb = emb / tf.maximum(tf.norm(emb, axis=1, keepdims=True), 1e-12)
+      return tf.ensure_shape(emb, [None, dim])
 
     @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_KEY)])
-    def __call__(self, inputs):
+    def embed(self, inputs):
+      """float32 [batch, D] of the texts as given (no prompt prepended)."""
       tokens = self.tokenize(inputs)
       # The converted function assumes batch >= 1 (shape polymorphism's default).
       emb = tf.cond(tf.shape(tokens)[0] > 0, lambda: self.encode_tokens(tokens),
                     lambda: tf.zeros([0, dim], tf.float32))
-      return [tf.ensure_shape(emb, [None, dim])]
+      return tf.ensure_shape(emb, [None, dim])
+
+    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_KEY)])
+    def __call__(self, inputs):
+      """[float32 [batch, D]]: the texts with the default prompt (if the model names one) prepended."""
+      return [self.embed(_with_prompt(default_prompt, inputs))]
 
     @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_KEY)])
     def serve(self, inputs):
       return {OUTPUT_KEY: self.__call__(inputs)[0]}
+
+    def prompt_signature(self, prompt: str):
+      """A serving function that prepends `prompt` to its inputs."""
+
+      @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_KEY)])
+      def serve_prompt(inputs):
+        return {OUTPUT_KEY: self.embed(_with_prompt(prompt, inputs))}
+
+      return serve_prompt
 
     @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_KEY)])
     def serve_tokenize(self, inputs):
@@ -198,10 +245,13 @@ def export(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], vocab_fi
     raise ValueError(f"Parameters do not fit the {config.pooling} tower: missing {missing}, "
                      f"unexpected {extra}, shapes {bad}")
   vocab_proto = _check_vocab(vocab_file, config)
+  prompt_keys = prompt_signatures(config)
   shapes = [list(expected[k]) for k in names]
   meta = {"format_version": FORMAT_VERSION, "param_names": names, "param_shapes": shapes,
-          "output_dim": config.output_dim, "max_length": config.max_length, "pooling": config.pooling,
-          "platforms": list(platforms), "signatures": ["serving_default", "tokenize", "encode_tokens"],
+          "output_dim": config.encode_dim, "max_length": config.max_length, "pooling": config.pooling,
+          "platforms": list(platforms), "signatures": [*BUILTIN_SIGNATURES, *prompt_keys],
+          "prompt_signatures": prompt_keys, "default_prompt_name": config.default_prompt_name,
+          "truncate_dim": config.truncate_dim,
           "input_key": INPUT_KEY, "output_key": OUTPUT_KEY, **dict(metadata or {})}
   start = time.perf_counter()
   # Written next to `out` and renamed at the end, so a crash never leaves a SavedModel
@@ -218,6 +268,8 @@ def export(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], vocab_fi
     signatures = {"serving_default": module.serve.get_concrete_function(),
                   "tokenize": module.serve_tokenize.get_concrete_function(),
                   "encode_tokens": module.serve_encode_tokens.get_concrete_function()}
+    for key, name in prompt_keys.items():
+      signatures[key] = module.prompt_signature(config.prompt_dict[name]).get_concrete_function()
     traced = time.perf_counter()
     tf.saved_model.save(module, str(tmp), signatures=signatures)
     del module
@@ -259,7 +311,8 @@ class SavedModelEncoder(encode_options.EncodeAliases):
 
   @property
   def dim(self) -> int:
-    return self.config.output_dim
+    """Size of the graph's output (truncate_dim when exported with one)."""
+    return self.config.encode_dim
 
   def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
     """Token ids with EOS, as the graph computes them (padding removed)."""
@@ -273,7 +326,9 @@ class SavedModelEncoder(encode_options.EncodeAliases):
     return self.model.encode_tokens(self._tf.constant(tokens_BxL, self._tf.int32)).numpy()
 
   def _encode_list(self, texts: list[str], batch_size: int | None, show_progress: bool) -> np.ndarray:
-    """float32 [len(texts), dim] embeddings, in input order."""
+    """float32 [len(texts), dim] embeddings of the texts as given (no default prompt), in input order."""
+    # Exports before prompts (2026-12-05) have no `embed`; their __call__ adds no prompt either.
+    embed = getattr(self.model, "embed", None) or (lambda batch: self.model(batch)[0])
     batch_size = batch_size or self.max_batch_size
     out_NxD = np.zeros((len(texts), self.dim), np.float32)
     # Characters approximate token counts well enough to keep padding low.
@@ -284,7 +339,7 @@ class SavedModelEncoder(encode_options.EncodeAliases):
     for start in range(0, len(texts), batch_size):
       idx = order[start:start + batch_size]
       batch = self._tf.constant([texts[i] for i in idx], self._tf.string)
-      out_NxD[idx] = self.model(batch)[0].numpy()
+      out_NxD[idx] = embed(batch).numpy()
       if progress:
         progress.update(len(idx))
     if progress:

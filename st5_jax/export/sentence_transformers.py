@@ -7,6 +7,7 @@
     DIR/2_Dense/               projection: linear.weight [out, in], no bias, Identity activation
     DIR/3_Normalize/           L2 normalisation
     DIR/modules.json, README.md
+    DIR/config_sentence_transformers.json   the model's prompts, default_prompt_name and truncate_dim
 
 Only the weights and JSON are written here (safetensors, no torch needed); when
 transformers is installed its T5Tokenizer adds tokenizer.json. st5_jax reads the folder
@@ -30,6 +31,7 @@ from st5_jax.checkpoints import hf
 from st5_jax.configs import ST5Config
 
 VOCAB_FILE = "spiece.model"
+CONFIG_FILE = "config_sentence_transformers.json"
 _LEGACY = "sentence_transformers.models."
 # Hugging Face's T5 config can express these MLPs exactly (feed_forward_proj).
 _HF_ACTIVATIONS = {("relu",), ("gelu_exact",), ("silu",), ("gelu", "linear"), ("relu", "linear"),
@@ -59,6 +61,19 @@ def check_exportable(config: ST5Config) -> None:
     raise UnsupportedExportError(
         f"MLP activations {acts} have no exact Hugging Face T5 feed_forward_proj (supported: "
         f"{sorted(_HF_ACTIVATIONS)}); the exported encoder would compute something else.")
+
+
+def st_config(config: ST5Config) -> dict:
+  """config_sentence_transformers.json: prompts, default prompt, similarity, and truncate_dim when set.
+
+  sentence-transformers reads truncate_dim from it and slices after the Normalize module without
+  renormalising (st5_jax renormalises): `encode(..., normalize_embeddings=True)` gives st5_jax's vectors.
+  """
+  out = {"prompts": config.prompt_dict, "default_prompt_name": config.default_prompt_name,
+         "similarity_fn_name": "cosine"}
+  if config.truncate_dim is not None:
+    out["truncate_dim"] = config.truncate_dim
+  return out
 
 
 def _encoder_state_dict(flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -103,8 +118,7 @@ def export(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], vocab_fi
     _write_tokenizer(tmp, vocab_file, config.max_length)
     (tmp / "sentence_bert_config.json").write_text(
         json.dumps({"max_seq_length": config.max_length, "do_lower_case": False}, indent=2))
-    (tmp / "config_sentence_transformers.json").write_text(
-        json.dumps({"prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"}, indent=2))
+    (tmp / CONFIG_FILE).write_text(json.dumps(st_config(config), indent=2))
 
     modules = [{"idx": 0, "name": "0", "path": "", "type": _LEGACY + "Transformer"}]
     pool_dir = tmp / "1_Pooling"

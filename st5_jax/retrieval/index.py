@@ -12,10 +12,17 @@ Layout of an index folder (local or gs://):
                      fingerprints and the shard size: written last, so it marks the shard finished
   ...
   ann.faiss          the ANN index, when one was asked for (retrieval/ann.py)
+  quantized.npy      with --precision int8|uint8|binary|ubinary: the whole corpus as st5_jax.quantize codes
+                     ([N, D] int8 / uint8, or [N, ceil(D/8)] packed bits), searched by `st5 search --precision`
+  quantized_ranges.npy  int8 / uint8: the float32 [2, D] per-dimension min and max of the corpus the codes use
   manifest.json      written last, by the lead: model (path, fingerprint, config), corpus (files, their sha256,
                      fingerprint), dim, dtype, shard size and list, max_length, the ANN's kind and parameters,
-                     the code version. No times, hosts or process counts: two builds of the same index are
-                     the same bytes.
+                     the quantized copy's precision and sha256, the code version. No times, hosts or process
+                     counts: two builds of the same index are the same bytes.
+
+A model with prompts (st5_model.prompts) encodes the documents with `encode_document`'s prompt (its
+"document" prompt, if any) and `st5 search` the queries with `encode_query`'s (its "query" prompt). A
+model with a truncate_dim stores that many (renormalised) dimensions.
 
 Processes: shard s is encoded by process s % P, on that process's own devices (a mesh of
 jax.local_devices()); no collective crosses processes, so processes never wait on one another until the
@@ -61,6 +68,8 @@ log = logging.getLogger(__name__)
 
 FORMAT = "st5-index/1"
 MANIFEST = "manifest.json"
+QUANTIZED_FILE = "quantized.npy"
+RANGES_FILE = "quantized_ranges.npy"
 DEFAULT_SHARD_SIZE = 65536
 PARAM_SHARDINGS = ("auto", "replicated", "fsdp")
 FSDP_MEMORY_FRACTION = 0.25  # auto: fsdp when float32 parameters exceed this share of a device's memory
@@ -213,23 +222,25 @@ class MeshEncoder:
     self.batch_size = batch_size * len(devices)
     self.max_length = model.config.max_length
     self.tokenizer = model.tokenizer
-    self.dim = model.config.output_dim
+    self.config = model.config
+    self.dim = model.config.encode_dim  # truncate_dim when the model has one
     self._apply = _encode_fn(model.config, self.mesh)
 
   def describe(self) -> str:
     return f"{self.param_sharding} over {self.mesh.devices.size} {self.mesh.devices.flat[0].platform} device(s)"
 
-  def encode(self, texts: Sequence[str]) -> np.ndarray:
-    """float32 [len(texts), D] in input order."""
+  def encode(self, texts: Sequence[str], *, prompt: str = "") -> np.ndarray:
+    """float32 [len(texts), D] in input order; `prompt` is prepended to every text (st5_jax.encode_options)."""
     import jax  # pylint: disable=g-import-not-at-top
 
+    from st5_jax import encode_options  # pylint: disable=g-import-not-at-top
     from st5_jax import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
     from st5_jax.encoder import encode_length_bucket  # pylint: disable=g-import-not-at-top
 
-    out_NxD = np.zeros((len(texts), self.dim), np.float32)
+    out_NxD = np.zeros((len(texts), self.config.output_dim), np.float32)
     if not texts:
-      return out_NxD
-    rows = self.tokenizer.encode(list(texts), max_length=self.max_length)
+      return out_NxD[:, :self.dim]
+    rows = self.tokenizer.encode([prompt + t for t in texts], max_length=self.max_length)
     order = np.argsort([-len(r) for r in rows], kind="stable")
     B = self.batch_size
     pending = None  # (rows, device result) of the batch in flight
@@ -243,7 +254,14 @@ class MeshEncoder:
           out_NxD[pending[0]] = np.asarray(pending[1], np.float32)[: len(pending[0])]
         pending = current
       out_NxD[pending[0]] = np.asarray(pending[1], np.float32)[: len(pending[0])]
-    return out_NxD
+    return encode_options.truncate_embeddings(out_NxD, self.config.truncate_dim, renormalise=self.config.normalize)
+
+
+def side_prompt(model: LoadedModel, side: str) -> str:
+  """The text `encode_query` / `encode_document` of `model` prepends (side "query" / "document"); "" if none."""
+  from st5_jax import encode_options  # pylint: disable=g-import-not-at-top
+
+  return encode_options.side_prompt(model.config.prompt_dict, side)
 
 
 # ------------------------------------------------------------------------------------------------ building
@@ -362,11 +380,14 @@ def build_index(model: str, corpus: Sequence[str], out: str, *, shard_size: int 
                 batch_size: int = 64, max_length: int | None = None, pooling: str | None = None,
                 vocab: str | None = None, checkpoint: str = "auto", param_sharding: str = "auto",
                 ann: str = "auto", ann_params: dict | None = None, devices: Sequence[Any] | None = None,
-                corpus_format: str | None = None, progress: Callable[[str], None] | None = None) -> BuildReport:
+                corpus_format: str | None = None, precision: str = "float32",
+                progress: Callable[[str], None] | None = None) -> BuildReport:
   """Encodes the corpus files into an index folder `out` (see the module docstring); every process calls it.
 
+  precision: also write the corpus as int8 / uint8 / binary / ubinary codes (st5_jax.quantize; float32: none).
   progress: called with one line per shard (default: logging).
   """
+  from st5_jax import quantize  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
 
   from st5_jax import multihost  # pylint: disable=g-import-not-at-top
@@ -374,6 +395,7 @@ def build_index(model: str, corpus: Sequence[str], out: str, *, shard_size: int 
   say = progress or log.info
   if shard_size < 1:
     raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+  quantize.check_precision(precision)
   out = os.fspath(paths.path(out))
   proc, procs = jax.process_index(), jax.process_count()
   files = corpus_files.expand(corpus)
@@ -407,9 +429,10 @@ def build_index(model: str, corpus: Sequence[str], out: str, *, shard_size: int 
     encoder = MeshEncoder(loaded, devices=devices or jax.local_devices(), batch_size=batch_size,
                           param_sharding=param_sharding)
     report.layout = encoder.describe()
+    prompt = side_prompt(loaded, "document")
     for s, ids, texts in corpus_files.iter_shards(scan, shard_size, todo):
       start = time.perf_counter()
-      emb_NxD = encoder.encode(texts)
+      emb_NxD = encoder.encode(texts, prompt=prompt)
       _write_shard(out, s, ids, emb_NxD, ident)
       seconds = time.perf_counter() - start
       report.encoded.append(s)
@@ -421,15 +444,16 @@ def build_index(model: str, corpus: Sequence[str], out: str, *, shard_size: int 
   if multihost.is_lead():
     report.manifest = _finish(out, model=loaded.to_json(), corpus=scan.to_json(), max_length=loaded.config.max_length,
                               shard_size=shard_size, num_shards=num_shards, ident=ident, ann_kind=ann_kind,
-                              ann_params=ann_params, say=say)
+                              ann_params=ann_params, precision=precision, say=say)
     report.ann = report.manifest["ann"]
   multihost.barrier("st5_index:manifest")
   return report
 
 
 def _finish(out: str, *, model: dict, corpus: dict, max_length: int | None, shard_size: int, num_shards: int,
-            ident: dict, ann_kind: str, ann_params: dict, say: Callable[[str], None]) -> dict:
-  """The lead, after every process's shards are written: the ANN index, then the manifest."""
+            ident: dict, ann_kind: str, ann_params: dict, say: Callable[[str], None],
+            precision: str = "float32") -> dict:
+  """The lead, after every process's shards are written: the ANN index, the quantized copy, then the manifest."""
   shards = []
   for s in range(num_shards):
     meta = _read_json(paths.join(out, shard_name(s) + ".json"))
@@ -445,9 +469,9 @@ def _finish(out: str, *, model: dict, corpus: dict, max_length: int | None, shar
       "shard_size": shard_size, "shards": shards, "max_length": max_length, "ann": None,
       "code_version": _code_version()}
   ann_path = paths.join(out, ann_lib.FILE)
-  if not paths.is_remote(out):  # the lead's temporary files of a killed write of these two
+  if not paths.is_remote(out):  # the lead's temporary files of a killed write of these
     for name in os.listdir(out):
-      if name.startswith((f".{MANIFEST}.tmp-", f".{ann_lib.FILE}.tmp-")):
+      if name.startswith(tuple(f".{f}.tmp-" for f in (MANIFEST, ann_lib.FILE, QUANTIZED_FILE, RANGES_FILE))):
         os.remove(os.path.join(out, name))
   if ann_kind != "none":
     previous = _read_json(paths.join(out, MANIFEST)) or {}
@@ -467,12 +491,58 @@ def _finish(out: str, *, model: dict, corpus: dict, max_length: int | None, shar
           f"{time.perf_counter() - start:.1f}s")
   elif paths.exists(ann_path):
     paths.path(ann_path).unlink()  # an earlier run's ANN index the manifest no longer names
+  quantized = _quantized(out, manifest, precision, say)
+  if quantized:  # absent otherwise: a float32 index's manifest keeps the bytes it had
+    manifest["quantized"] = quantized
   paths.write_bytes(paths.join(out, MANIFEST), _dumps(manifest))
   return manifest
 
 
+def _quantized(out: str, manifest: dict, precision: str, say: Callable[[str], None]) -> dict | None:
+  """Writes (or keeps) the corpus as `precision` codes beside the shards; the manifest's "quantized" entry."""
+  from st5_jax import quantize  # pylint: disable=g-import-not-at-top
+
+  files = [paths.join(out, QUANTIZED_FILE), paths.join(out, RANGES_FILE)]
+  if precision == "float32":
+    for f in files:  # an earlier run's quantized copy the manifest no longer names
+      if paths.exists(f):
+        paths.path(f).unlink()
+    return None
+  previous = _read_json(paths.join(out, MANIFEST)) or {}
+  old = previous.get("quantized")
+  if (old and old.get("precision") == precision and previous.get("shards") == manifest["shards"]
+      and paths.exists(files[0]) and _sha256(paths.read_bytes(files[0])) == old.get("sha256")):
+    say(f"{QUANTIZED_FILE}: {precision} codes already written, kept")
+    return old
+  start = time.perf_counter()
+  index = Index(out, manifest)
+  entry = {"precision": precision, "file": QUANTIZED_FILE}
+  ranges_2xD = None
+  if precision in quantize.SCALAR:  # the corpus is its own calibration set: each dimension's min and max
+    lo_D, hi_D = np.full(index.dim, np.inf, np.float32), np.full(index.dim, -np.inf, np.float32)
+    for _, block in index.iter_blocks(DEFAULT_SHARD_SIZE):
+      lo_D, hi_D = np.minimum(lo_D, block.min(axis=0)), np.maximum(hi_D, block.max(axis=0))
+    ranges_2xD = np.stack([lo_D, hi_D])
+    buf = io.BytesIO()
+    np.save(buf, ranges_2xD)
+    paths.write_bytes(files[1], buf.getvalue())
+    entry.update(ranges_file=RANGES_FILE, ranges_sha256=_array_sha256(ranges_2xD))
+  elif paths.exists(files[1]):
+    paths.path(files[1]).unlink()
+  codes = [quantize.quantize_embeddings(block, precision, ranges=ranges_2xD)
+           for _, block in index.iter_blocks(DEFAULT_SHARD_SIZE)]
+  buf = io.BytesIO()
+  np.save(buf, np.concatenate(codes))
+  data = buf.getvalue()
+  paths.write_bytes(files[0], data)
+  entry["sha256"] = _sha256(data)
+  say(f"{QUANTIZED_FILE}: {len(index)} documents as {precision} codes in {time.perf_counter() - start:.1f}s "
+      f"({len(data) / 2**20:.1f} MiB)")
+  return entry
+
+
 def from_embeddings(out: str, ids: Sequence[str], emb_NxD: np.ndarray, *, shard_size: int = DEFAULT_SHARD_SIZE,
-                    ann: str = "auto", ann_params: dict | None = None,
+                    ann: str = "auto", ann_params: dict | None = None, precision: str = "float32",
                     progress: Callable[[str], None] | None = None) -> "Index":
   """An index folder of given embeddings (no model: benchmarks, tests, embeddings made elsewhere); one process.
 
@@ -502,7 +572,7 @@ def from_embeddings(out: str, ids: Sequence[str], emb_NxD: np.ndarray, *, shard_
   ann_kind, ann_params = ann_lib.resolve(ann, n, ann_params)
   manifest = _finish(out, model=None, corpus={"files": [], "fingerprint": fingerprint, "documents": n},
                      max_length=None, shard_size=shard_size, num_shards=num_shards, ident=ident, ann_kind=ann_kind,
-                     ann_params=ann_params, say=say)
+                     ann_params=ann_params, precision=precision, say=say)
   return Index(out, manifest)
 
 
@@ -594,6 +664,38 @@ class Index:
   @property
   def ann_info(self) -> dict | None:
     return self.manifest.get("ann")
+
+  @property
+  def quantized_info(self) -> dict | None:
+    """{"precision", "file", "sha256", ...} of the quantized copy (`st5 index --precision`), or None."""
+    return self.manifest.get("quantized")
+
+  def load_quantized(self, precision: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """(codes [N, C], ranges float32 [2, D] or None) of the `precision` copy; an error naming the fix when the
+    index holds another or none. Codes are memory-mapped when local (checked against their sha256 otherwise)."""
+    info = self.quantized_info
+    if not info or info["precision"] != precision:
+      held = f"{info['precision']} codes" if info else "no quantized copy"
+      raise IndexMismatchError(f"{self.directory} holds {held}, not {precision}; add them with `st5 index ... "
+                               f"--out {self.directory} --precision {precision}` (the finished shards are kept) or "
+                               f"search with --precision {info['precision'] if info else 'float32'}")
+    path = paths.join(self.directory, info["file"])
+    if paths.is_remote(path):
+      data = paths.read_bytes(path)
+      if _sha256(data) != info["sha256"]:
+        raise ValueError(f"{path} does not match its sha256 in the manifest; rerun `st5 index` to rewrite it")
+      codes = np.load(io.BytesIO(data), allow_pickle=False)
+    else:
+      codes = _load_npy(path, mmap=True)
+    if len(codes) != len(self):
+      raise ValueError(f"{path} holds {len(codes)} rows, the manifest {len(self)} documents; rerun `st5 index`")
+    ranges = None
+    if info.get("ranges_file"):
+      ranges = _load_npy(paths.join(self.directory, info["ranges_file"]))
+      if _array_sha256(ranges) != info["ranges_sha256"]:
+        raise ValueError(f"{self.directory}/{info['ranges_file']} does not match its sha256 in the manifest; "
+                         "rerun `st5 index` to rewrite it")
+    return codes, ranges
 
   def load_ann(self) -> Any:
     """The faiss index saved with the embeddings; an error naming the fix when there is none."""

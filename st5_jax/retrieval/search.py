@@ -1,4 +1,4 @@
-"""Search: exact top-k by dot product on the JAX devices, or through an index's ANN index.
+"""Search: exact top-k by dot product on the JAX devices, through an index's ANN index, or over its quantized codes.
 
 `exact_search` streams the corpus through the devices in blocks of `block_size` rows. Each block is split
 over the local devices (a 1-D mesh, `shard_map`): every device scores the queries against its rows (a
@@ -167,17 +167,33 @@ def query_model(index: Any, *, model: str | None = None, max_length: int | None 
 
 def search_index(index: Any, queries_QxD: np.ndarray, k: int, *, method: str = "exact",
                  ann_params: dict | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
-                 devices: Sequence[Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 devices: Sequence[Any] | None = None, precision: str = "float32",
+                 rescore_multiplier: int | None = None) -> tuple[np.ndarray, np.ndarray]:
   """(scores [Q, K], indices [Q, K]) over a retrieval.index.Index: exact or approx on the devices, or its ANN index.
 
   ann_params: overrides of the ANN index's search parameters (nprobe, efSearch) for method="ann".
+  precision: other than float32, exact search over the index's quantized copy of that precision (`st5 index
+  --precision`) on the host (st5_jax.quantize.search: Hamming distance for binary codes, the codes' dot product
+  for int8 / uint8), the top k * rescore_multiplier (default 4; 0: none) rescored with the float queries.
   """
+  from st5_jax import quantize  # pylint: disable=g-import-not-at-top
   from st5_jax.retrieval import ann as ann_lib  # pylint: disable=g-import-not-at-top
 
   if method not in METHODS:
     raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+  quantize.check_precision(precision)
   if queries_QxD.ndim != 2 or queries_QxD.shape[1] != index.dim:
     raise ValueError(f"queries have shape {queries_QxD.shape}; the index holds {index.dim}-dimensional embeddings")
+  if rescore_multiplier is not None and precision == "float32":
+    raise ValueError("rescore_multiplier rescores a search over quantized codes: give a precision other than float32")
+  if precision != "float32":
+    if method != "exact":
+      raise ValueError(f"a {precision} search is exact over the quantized codes; method {method!r} searches the "
+                       "float32 embeddings")
+    codes, ranges = index.load_quantized(precision)
+    multiplier = quantize.DEFAULT_RESCORE_MULTIPLIER if rescore_multiplier is None else rescore_multiplier
+    return quantize.search(queries_QxD, codes, k, precision=precision, dim=index.dim, ranges=ranges,
+                           rescore_multiplier=multiplier)
   if method != "ann":
     return exact_search(queries_QxD, index, k, block_size=block_size, approx=method == "approx", devices=devices)
   info = index.ann_info
