@@ -33,6 +33,7 @@ COMMANDS = {
     "sweep": "sweep",
     "index": "index",
     "search": "search",
+    "distill-cache": "distill_cache",
 }
 
 USER_ERROR_EXIT = 2

@@ -192,7 +192,9 @@ class NanGuard:
 
 
 def tokens_per_example(batch: Mapping[str, jax.Array]) -> int:
-  return sum(int(v.shape[1]) for v in batch.values() if v.ndim == 2)  # token features, not [B] labels
+  # Token features are integer [B, L]: not [B] labels, nor a teacher's float vectors (st5_jax.objectives.distill).
+  return sum(int(v.shape[1]) for v in batch.values()
+             if v.ndim == 2 and jax.numpy.issubdtype(v.dtype, jax.numpy.integer))
 
 
 class Throughput:

@@ -22,11 +22,20 @@ the batch, logits [B, B*(1+K)], columns [positives | every example's negative 0 
 every example's negative K-1]. `hard_negative_weight` is added to a query's logits against
 each of its OWN K negatives. The bidirectional term stays positives -> queries [B, B]:
 negatives never act as queries. K = 1 is eq. 14 as before, value for value.
+
+Matryoshka representation learning (Kusupati et al. 2022; sentence-transformers' MatryoshkaLoss):
+`matryoshka_loss` evaluates any of these losses on the first d dimensions of every embedding,
+re-normalised, for each d of `dims`, and sums the losses weighted by `weights`.
+
+Distillation from a teacher's embeddings (st5_jax.objectives.distill): `embedding_mse` and
+`embedding_cosine` compare each student embedding with the teacher's vector of the same text;
+`margin_mse` (sentence-transformers' MarginMSELoss) and `distill_kl` (its DistillKLDivLoss, over
+the batch's candidates) compare scores, cosines of the student's and of the teacher's vectors.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -195,3 +204,84 @@ def nt_xent_loss(a_BxD: Array, b_BxD: Array, *, temperature: float = 0.1) -> tup
       "uniformity": uniformity(jnp.concatenate([a, b], axis=0)),
   }
   return loss, metrics
+
+
+# ----------------------------------------------------------------------------- Matryoshka
+
+
+def truncate_unit(x_NxD: Array, dim: int) -> Array:
+  """The first `dim` dimensions of each row, re-normalised to unit length ([N, dim])."""
+  return _unit(x_NxD[..., :dim].astype(jnp.float32))
+
+
+def matryoshka_loss(loss_fn: Callable[[Any], tuple[Array, dict[str, Array]]], embeddings: Any, *,
+                    dims: Sequence[int], weights: Sequence[float]) -> tuple[Array, dict[str, Array]]:
+  """sum_i weights[i] * loss_fn(embeddings cut to their first dims[i] dimensions and re-normalised).
+
+  embeddings: a pytree of [N, D] arrays (every tower of the batch); loss_fn maps such a tree to
+  (loss, metrics). The metrics are those at dims[0], with `loss` the weighted sum and
+  `loss_dim_{d}` the unweighted loss at each d (sentence-transformers' MatryoshkaLoss, all
+  dimensions every step).
+  """
+  if len(dims) != len(weights) or not dims:
+    raise ValueError(f"Matryoshka needs one weight per dimension, got dims {tuple(dims)} and weights {tuple(weights)}")
+  widths = {int(x.shape[-1]) for x in jax.tree.leaves(embeddings)}
+  too_wide = [d for d in dims if d > min(widths)]
+  if too_wide:
+    raise ValueError(f"Matryoshka dimensions {too_wide} are larger than the embeddings' {min(widths)}; use dimensions "
+                     f"<= {min(widths)} (st5_model.embedding_dim)")
+  total, first_metrics, per_dim = jnp.float32(0.0), None, {}
+  for d, w in zip(dims, weights):
+    loss_d, metrics_d = loss_fn(jax.tree.map(lambda x: truncate_unit(x, d), embeddings))  # noqa: B023
+    total = total + w * loss_d
+    per_dim[f"loss_dim_{d}"] = loss_d
+    if first_metrics is None:
+      first_metrics = metrics_d
+  return total, {**first_metrics, **per_dim, "loss": total}
+
+
+# ----------------------------------------------------------------------------- distillation
+
+
+def embedding_mse(student_NxD: Array, teacher_NxD: Array) -> Array:
+  """Mean over rows and dimensions of (student - teacher)^2 (torch MSELoss; sentence-transformers' MSELoss)."""
+  return jnp.mean(jnp.square(student_NxD.astype(jnp.float32) - teacher_NxD.astype(jnp.float32)))
+
+
+def embedding_cosine(student_NxD: Array, teacher_NxD: Array) -> Array:
+  """Mean over rows of 1 - cos(student, teacher)."""
+  cos_N = jnp.sum(_unit(student_NxD.astype(jnp.float32)) * _unit(teacher_NxD.astype(jnp.float32)), axis=-1)
+  return jnp.mean(1.0 - cos_N)
+
+
+def cosine_scores(query_BxD: Array, candidates_CxD: Array) -> Array:
+  """cos(q_i, c_j) [B, C]."""
+  return jnp.einsum("bd,cd->bc", _unit(query_BxD.astype(jnp.float32)), _unit(candidates_CxD.astype(jnp.float32)))
+
+
+def margin_mse(q_BxD: Array, p_BxD: Array, negs_KxBxD: Array, tq_BxE: Array, tp_BxE: Array,
+               tnegs_KxBxE: Array) -> Array:
+  """MarginMSE (Hofstaetter et al. 2020; sentence-transformers' MarginMSELoss with K negatives): mean over
+  queries and negatives of ((s(q, p) - s(q, n_k)) - (t(q, p) - t(q, n_k)))^2, s and t the cosines of the
+  student's and the teacher's vectors (the teacher's dimension E may differ from the student's D)."""
+  def margins_BxK(q, p, negs):
+    q_u, p_u, n_u = _unit(q.astype(jnp.float32)), _unit(p.astype(jnp.float32)), _unit(negs.astype(jnp.float32))
+    pos_B = jnp.sum(q_u * p_u, axis=-1)
+    neg_KxB = jnp.sum(q_u[None] * n_u, axis=-1)
+    return (pos_B[None] - neg_KxB).T
+
+  student_BxK = margins_BxK(q_BxD, p_BxD, negs_KxBxD)
+  teacher_BxK = jax.lax.stop_gradient(margins_BxK(tq_BxE, tp_BxE, tnegs_KxBxE))
+  return jnp.mean(jnp.square(student_BxK - teacher_BxK))
+
+
+def distill_kl(q_BxD: Array, cands_CxD: Array, tq_BxE: Array, tcands_CxE: Array, *, temperature: float,
+               teacher_temperature: float | None = None) -> Array:
+  """KL(teacher || student) of each query's softmax over the batch's candidates, mean over queries, times
+  temperature^2 (sentence-transformers' DistillKLDivLoss with batchmean, over every candidate of the batch
+  rather than the query's own). Scores are cosines divided by the (student's / teacher's) temperature."""
+  t_teacher = temperature if teacher_temperature is None else teacher_temperature
+  student_logp_BxC = jax.nn.log_softmax(cosine_scores(q_BxD, cands_CxD) / temperature, axis=-1)
+  teacher_logp_BxC = jax.lax.stop_gradient(jax.nn.log_softmax(cosine_scores(tq_BxE, tcands_CxE) / t_teacher, axis=-1))
+  kl_B = jnp.sum(jnp.exp(teacher_logp_BxC) * (teacher_logp_BxC - student_logp_BxC), axis=-1)
+  return jnp.mean(kl_B) * temperature ** 2

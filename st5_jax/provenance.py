@@ -9,6 +9,7 @@ unless the user passes `st5 train --allow_config_change`; an allowed change (pat
 logging, evaluation and checkpoint cadence, the target slice and its mesh) resumes without
 the flag. Either way the change is appended to `config_history.json` (step, bindings
 before and after, time, host), which `train_config.json` and exported model cards report.
+A parameter the record lacks (added to the code since) is no change while it keeps its default.
 
 No gin here: st5_jax.gin_config hands over the config text; train.py reads the history.
 """
@@ -138,7 +139,11 @@ def check_and_record(workdir: paths.PathLike, *, config_text: str, operative_tex
         log.warning("%s has no committed checkpoint: the run starts over; removing its old %s.", workdir, HISTORY_FILE)
         paths.path(history_path).unlink()
     return []
-  changes = differences(recorded_bindings(workdir), parse_bindings(operative_text))
+  # A parameter the recorded run's code did not have yet, left at its default (not bound in config_text), is
+  # not a change: an upgrade that adds a setting (e.g. Contrastive.matryoshka_dims) resumes older work dirs.
+  explicit = parse_bindings(config_text)
+  changes = [c for c in differences(recorded_bindings(workdir), parse_bindings(operative_text))
+             if not (c["before"] is None and c["binding"] not in explicit)]
   if not changes:
     return []
   refused = [c for c in changes if not allowed(c["binding"], c["before"], c["after"])]

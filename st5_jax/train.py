@@ -119,13 +119,20 @@ class DataConfig:
   def __call__(self, mesh: Mesh, global_batch_size: int, seed: int) -> BatchIterator:
     # Here, not at the top: st5_jax.data imports TensorFlow and seqio (seconds), which the
     # trainer, `st5 aot` and `st5 bench` do not need unless a run reads seqio data.
-    from st5_jax.data import make_train_iterator  # pylint: disable=g-import-not-at-top
-    return make_train_iterator(task=self.task, feature_lengths=dict(self.feature_lengths),
-                               global_batch_size=global_batch_size, mesh=mesh,
-                               data_axes=partitioning.BATCH_AXES, seed=seed, shuffle=self.shuffle,
-                               dedup=self.dedup, split=self.split,
-                               model_feature_names=dict(self.model_features or {}), numpy_path=self.numpy_path,
-                               cache_dir=self.cache_dir)
+    from st5_jax.data import DataConfigError, make_train_iterator  # pylint: disable=g-import-not-at-top
+    iterator = make_train_iterator(task=self.task, feature_lengths=dict(self.feature_lengths),
+                                   global_batch_size=global_batch_size, mesh=mesh,
+                                   data_axes=partitioning.BATCH_AXES, seed=seed, shuffle=self.shuffle,
+                                   dedup=self.dedup, split=self.split,
+                                   model_feature_names=dict(self.model_features or {}), numpy_path=self.numpy_path,
+                                   cache_dir=self.cache_dir)
+    # Dedup hashes rows as token ids; float rows (a teacher's vectors, st5_jax.objectives.distill) are not.
+    floats = [f.task_key for f in iterator.layout.features if np.dtype(f.dtype).kind == "f"]
+    if self.dedup and floats:
+      iterator.close()
+      raise DataConfigError(f"DataConfig.dedup compares token rows; task {self.task} has float features {floats}: "
+                            "set DataConfig.dedup = False")
+    return iterator
 
 
 @flax.struct.dataclass

@@ -1,6 +1,8 @@
 """A deterministic in-memory batch iterator for trainer tests (no tf.data)."""
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from st5_jax import partitioning
@@ -119,3 +121,43 @@ run.data = @{data}()
 run.mesh = @MeshConfig()
 MeshConfig.data = -1
 {extra}"""
+
+
+class HashTeacher:
+  """A distillation teacher for tests (st5_jax.objectives.distill.teacher.Teacher): each text's vector is a
+  fixed function of its words (a sum of per-word random vectors, normalised), so texts sharing words are close."""
+
+  def __init__(self, dim: int, *, seed: int = 0):
+    self.dim, self.seed = dim, seed
+    self.encoded: list[str] = []  # every text encoded, in order (the resume tests count them)
+
+  def _word(self, word: str) -> np.ndarray:
+    key = int.from_bytes(word.encode("utf-8")[:16].ljust(16, b"\0"), "little")
+    return np.random.default_rng([self.seed, key, len(word)]).normal(size=self.dim)
+
+  def encode(self, texts):
+    self.encoded.extend(texts)
+    out = np.zeros((len(texts), self.dim))
+    for i, text in enumerate(texts):
+      for word in text.lower().split() or [""]:
+        out[i] += self._word(word)
+    return (out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)).astype(np.float32)
+
+  def describe(self):
+    return {"backend": "hash", "path": f"hash-teacher-{self.seed}", "dim": self.dim, "fingerprint": f"seed{self.seed}"}
+
+
+class TinyTower(nn.Module):
+  """A bag of token embeddings and a projection: a stand-in for the T5 tower where a test checks an objective's
+  wiring (what its step feeds the loss, GradCache's chunks) and not the tower; it compiles in a second."""
+
+  vocab: int = 384
+  dim: int = 16
+
+  @nn.compact
+  def __call__(self, tokens_BxL, deterministic: bool = True):
+    del deterministic  # no dropout
+    mask_BxLx1 = (tokens_BxL > 0)[..., None]
+    x_BxLxH = nn.Embed(self.vocab, 32)(tokens_BxL)
+    pooled_BxH = (x_BxLxH * mask_BxLx1).sum(1) / jnp.maximum(mask_BxLx1.sum(1), 1)
+    return nn.Dense(self.dim, use_bias=False)(jnp.tanh(pooled_BxH))

@@ -6,7 +6,8 @@ its analytic FLOPs agree with XLA's cost analysis of the lowered step; the step 
 a TPU topology through `st5 aot`'s own code; a run saves, restores and continues; and the
 trained tower exports and encodes as the work dir does. A new objective added to the
 registry is covered without a new test; so is a setting that changes what an objective
-declares, listed in VARIANTS (Contrastive with K = 3 hard negatives per query).
+declares, listed in VARIANTS (Contrastive with K = 3 hard negatives per query). Distill reads a
+teacher cache, built here with a NumPy teacher (`_distill_cache`).
 """
 
 import json
@@ -37,8 +38,8 @@ VARIANTS = {"contrastive_k3": ("contrastive", [f"Contrastive.num_negatives = {K}
 CASES = NAMES + sorted(VARIANTS)
 # Analytic model FLOPs / XLA's count of the whole lowered step (which adds the optimizer, norms,
 # softmaxes and elementwise work): measured 0.958 (align_uniform, consert_unsup) to 0.974
-# (consert_joint) on 2026-12-01, 0.971 (contrastive) and 0.980 (contrastive_k3, five towers); a count
-# off by 2x is far outside either way.
+# (consert_joint) on 2026-12-01, 0.971 (contrastive) and 0.980 (contrastive_k3, five towers), 0.971 (distill,
+# 2026-12-05); a count off by 2x is far outside either way.
 FLOPS_RATIO = (0.85, 1.15)
 
 
@@ -83,10 +84,37 @@ def _register_k_negatives_task():
                          output_features={k: seqio.Feature(vocabulary=vocab, add_eos=True) for k in keys})
 
 
+_DISTILL_CACHE = {}
+
+
+def _distill_cache() -> str:
+  """A teacher cache (st5 distill-cache's folder) of NLI-like triples for the distill example gin, built once with a
+  NumPy teacher of the gin's TEACHER_DIM (384) and named by $ST5_DISTILL_CACHE, as a user's run reads it."""
+  if "dir" not in _DISTILL_CACHE:
+    import atexit  # pylint: disable=g-import-not-at-top
+    import shutil  # pylint: disable=g-import-not-at-top
+    import tempfile  # pylint: disable=g-import-not-at-top
+
+    import synthetic  # pylint: disable=g-import-not-at-top
+    from st5_jax.objectives.distill import cache as cache_lib  # pylint: disable=g-import-not-at-top
+
+    words = "a man woman dog child plays runs sits on in the park beach guitar ball red blue".split()
+    rng = np.random.default_rng(0)
+    keys = cache_lib.text_keys(1)
+    rows = [{k: " ".join(rng.choice(words, size=int(rng.integers(3, 12)))) for k in keys} for _ in range(4 * BATCH)]
+    folder = tempfile.mkdtemp(prefix="st5_contract_distill_")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    cache_lib.build_cache(cache_lib.Examples(keys, rows, {"contract": True}), synthetic.HashTeacher(384), folder)
+    _DISTILL_CACHE["dir"] = folder
+  return _DISTILL_CACHE["dir"]
+
+
 def _import_tasks(case, spec):
   spec.train_config.objective.import_tasks()
   if case == "contrastive_k3":
     _register_k_negatives_task()
+  if case == "distill":
+    os.environ["ST5_DISTILL_CACHE"] = _distill_cache()
 
 
 def _abstract(setup, spec, mesh):

@@ -117,6 +117,20 @@ def test_a_run_that_starts_over_records_its_own_config(tmp_path):
   assert (wd / provenance.OPERATIVE_FILE).read_text() == "a = 1\n" and not (wd / provenance.HISTORY_FILE).exists()
 
 
+def test_a_parameter_the_record_predates_is_no_change_at_its_default(tmp_path, monkeypatch):
+  """An upgrade that adds a setting (Contrastive.matryoshka_dims) resumes an older work dir while the setting keeps
+  its default (in the operative config, not bound in config.gin); binding it is a change like any other."""
+  wd = tmp_path / "wd"
+  wd.mkdir()
+  (wd / provenance.OPERATIVE_FILE).write_text("Contrastive.temperature = 0.01\n")
+  monkeypatch.setattr(native, "committed_steps", lambda _: [2])
+  now = "Contrastive.matryoshka_dims = ()\nContrastive.temperature = 0.01\n"
+  assert provenance.check_and_record(wd, config_text="Contrastive.temperature = 0.01\n", operative_text=now) == []
+  bound = "Contrastive.matryoshka_dims = (64, 32)\n"
+  with pytest.raises(provenance.ConfigChangeError, match=r"Contrastive.matryoshka_dims: \(unset\) -> \(64, 32\)"):
+    provenance.check_and_record(wd, config_text=bound, operative_text=bound + "Contrastive.temperature = 0.01\n")
+
+
 @pytest.fixture(autouse=True)
 def _fresh_gin():
   yield

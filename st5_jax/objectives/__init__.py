@@ -4,6 +4,7 @@
   consert/          ConSERT: views, NT-Xent, the joint NLI classifier        gin @ConsertUnsup(), @ConsertJoint()
   seed_encoder/     SEED-Encoder: span corruption + the weak decoder        gin @SeedEncoder()
   align_uniform.py  the walked-through example objective                     gin @AlignUniform()
+  distill/          distillation from a teacher cache (st5 distill-cache)     gin @Distill()
   grad_cache.py     GradCache for any loss over per-example embeddings
 
 `REGISTRY` maps names to classes; `get(name_or_objective)` returns an instance.
@@ -17,9 +18,10 @@ from st5_jax.objectives.base import REGISTRY, SIDES, Feature, InferenceTower, Ob
 from st5_jax.objectives.align_uniform import AlignUniform
 from st5_jax.objectives.consert.objective import ConsertJoint, ConsertUnsup
 from st5_jax.objectives.contrastive import Contrastive
+from st5_jax.objectives.distill.objective import Distill
 from st5_jax.objectives.seed_encoder.objective import SeedEncoder
 
-__all__ = ["REGISTRY", "SIDES", "AlignUniform", "ConsertJoint", "ConsertUnsup", "Contrastive", "Feature",
+__all__ = ["REGISTRY", "SIDES", "AlignUniform", "ConsertJoint", "ConsertUnsup", "Contrastive", "Distill", "Feature",
            "InferenceTower", "Objective", "ObjectiveConfigError", "SeedEncoder", "default", "get", "import_all_tasks",
            "register"]
 

@@ -11,12 +11,19 @@ with a `negative_targets` length, `num_negatives` = K hard-negative towers per e
 (st5_jax.features.negative_features: RIGHT_NEG, then RIGHT_NEG_1 ... RIGHT_NEG_{K-1});
 each query is scored against all B positives and all B*K negatives of the global batch,
 logits [B, B*(1+K)] (st5_jax.losses: how K meets `bidirectional` and `hard_negative_weight`).
+
+Matryoshka (`matryoshka_dims`, `matryoshka_weights`; sentence-transformers' MatryoshkaLoss): the
+same loss on the first d dimensions of every tower's embedding, re-normalised, for each d, weighted
+and summed (st5_jax.losses.matryoshka_loss), so a shipped model's embeddings can be cut to any of
+those sizes. It sits inside the loss over embeddings, so it holds with hard negatives, in both
+directions, with SimCSE's loss and with GradCache. gin: `gin/objectives/matryoshka.gin`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar, Mapping
+import logging
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +35,7 @@ from st5_jax.model.st5 import SentenceT5
 from st5_jax.objectives import grad_cache
 from st5_jax.objectives.base import Feature, Objective, ObjectiveConfigError, ValueAndGrad, rebox, register
 
+log = logging.getLogger(__name__)
 Array = jax.Array
 LOSSES = ("st5", "simcse")
 # (params, tokens_BxL, dropout key) -> emb_BxD
@@ -85,13 +93,26 @@ def negative_sides(batch: Mapping[str, Any], num_negatives: int = 1) -> list[str
   return present
 
 
-def in_batch_loss(emb: Mapping[str, Array], negatives: list[str], loss_kw: Mapping[str, Any]):
-  """The in-batch softmax loss over the towers' embeddings; the K negatives as a list of [B, D]."""
-  return losses.in_batch_softmax_loss(emb[LEFT], emb[RIGHT], [emb[s] for s in negatives] or None, **loss_kw)
+def in_batch_loss(emb: Mapping[str, Array], negatives: list[str], loss_kw: Mapping[str, Any],
+                  matryoshka: Sequence[tuple[int, float]] = ()):
+  """The in-batch softmax loss over the towers' embeddings; the K negatives as a list of [B, D].
+
+  matryoshka: (dimension, weight) pairs; when given, the weighted sum of the loss at each
+  dimension (st5_jax.losses.matryoshka_loss).
+  """
+  def loss_on(e):
+    return losses.in_batch_softmax_loss(e[LEFT], e[RIGHT], [e[s] for s in negatives] or None, **loss_kw)
+
+  towers = {s: emb[s] for s in [LEFT, RIGHT] + list(negatives)}
+  if not matryoshka:
+    return loss_on(towers)
+  dims, weights = zip(*matryoshka)
+  return losses.matryoshka_loss(loss_on, towers, dims=dims, weights=weights)
 
 
 def grad_cache_value_and_grad(embed: EmbedFn, params: Any, batch: Mapping[str, Array], key: Array, *, chunks: int,
-                              loss_kw: Mapping[str, Any], num_negatives: int = 1) -> tuple[tuple[Array, dict], Any]:
+                              loss_kw: Mapping[str, Any], num_negatives: int = 1,
+                              matryoshka: Sequence[tuple[int, float]] = ()) -> tuple[tuple[Array, dict], Any]:
   """GradCache (st5_jax/objectives/grad_cache.py) of the in-batch softmax loss: one key per side.
 
   The sides are LEFT, RIGHT and the K negative towers, each with its own dropout key
@@ -104,7 +125,7 @@ def grad_cache_value_and_grad(embed: EmbedFn, params: Any, batch: Mapping[str, A
 
   def loss_on(e, params_, batch_):
     del params_, batch_
-    return in_batch_loss(e, negatives, loss_kw)
+    return in_batch_loss(e, negatives, loss_kw, matryoshka)
 
   return grad_cache.value_and_grad(embed, loss_on, params, batch, {s: (batch[s], side_keys[s]) for s in sides},
                                    chunks=chunks)
@@ -119,13 +140,14 @@ def negative_lengths(lengths: Mapping[str, int], num_negatives: int = 1) -> list
 
 
 def contrastive_step_flops(config: ST5Config, *, global_batch_size: int, lengths: Mapping[str, int],
-                           num_negatives: int = 1) -> float:
-  """Forward + backward (3x forward) FLOPs: every tower, and the [B, B(1+K)] similarity logits."""
+                           num_negatives: int = 1, matryoshka_dims: Sequence[int] = ()) -> float:
+  """Forward + backward (3x forward) FLOPs: every tower, and the [B, B(1+K)] similarity logits (once per
+  Matryoshka dimension, on that many dimensions)."""
   B = global_batch_size
   towers = [lengths["inputs"], lengths["targets"]] + [lengths[k] for _, k in negative_lengths(lengths, num_negatives)]
   forward = sum(B * flops.encoder_forward_flops(config, L) for L in towers)
   candidates = B * (len(towers) - 1)  # B positives and B*K negatives
-  forward += 2 * B * candidates * config.output_dim  # similarity logits
+  forward += 2 * B * candidates * (sum(matryoshka_dims) or config.output_dim)  # similarity logits
   return 3.0 * forward
 
 
@@ -148,8 +170,16 @@ class Contrastive(Objective):
   # K: hard negatives per example the batch holds (st5_jax.features.negative_features); with
   # a `negative_targets` length the query is scored against all B*K negatives of the batch.
   num_negatives: int = 1
+  # Matryoshka: the loss also (or only) on the first d dimensions of the embeddings, re-normalised, for
+  # each d, weighted by matryoshka_weights (default 1.0 each) and summed. () is off.
+  matryoshka_dims: tuple[int, ...] = ()
+  matryoshka_weights: tuple[float, ...] = ()
 
   def __post_init__(self):
+    # gin writes lists as often as tuples; the objective stays hashable and its config JSON the same.
+    object.__setattr__(self, "matryoshka_dims", tuple(self.matryoshka_dims))
+    object.__setattr__(self, "matryoshka_weights", tuple(self.matryoshka_weights))
+    self._check_matryoshka()
     if isinstance(self.num_negatives, bool) or not isinstance(self.num_negatives, int) \
         or not 1 <= self.num_negatives <= MAX_NEGATIVES:
       raise ObjectiveConfigError(f"Contrastive.num_negatives must be an int in 1..{MAX_NEGATIVES} (hard negatives "
@@ -159,6 +189,38 @@ class Contrastive(Objective):
     if self.loss == "st5" and self.hard_negative_weight:
       raise ObjectiveConfigError("Contrastive.hard_negative_weight belongs to the SimCSE loss; set "
                                  "Contrastive.loss = 'simcse' to use it (the ST5 loss has no hard-negative weight).")
+
+  def _check_matryoshka(self) -> None:
+    dims, weights = self.matryoshka_dims, self.matryoshka_weights
+    if any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in dims):
+      raise ObjectiveConfigError(f"Contrastive.matryoshka_dims must be positive ints (embedding sizes), got {dims!r}")
+    if len(set(dims)) != len(dims):
+      raise ObjectiveConfigError(f"Contrastive.matryoshka_dims lists a dimension twice: {dims!r}")
+    if weights and not dims:
+      raise ObjectiveConfigError("Contrastive.matryoshka_weights is set without Contrastive.matryoshka_dims")
+    if weights and len(weights) != len(dims):
+      raise ObjectiveConfigError(f"Contrastive.matryoshka_weights needs one weight per dimension of "
+                                 f"matryoshka_dims {dims!r}, got {weights!r}")
+    if any(isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0 for w in weights):
+      raise ObjectiveConfigError(f"Contrastive.matryoshka_weights must be numbers >= 0, got {weights!r}")
+
+  def matryoshka(self) -> tuple[tuple[int, float], ...]:
+    """(dimension, weight) pairs of the Matryoshka loss; () when it is off."""
+    weights = self.matryoshka_weights or (1.0,) * len(self.matryoshka_dims)
+    return tuple((int(d), float(w)) for d, w in zip(self.matryoshka_dims, weights))
+
+  def check(self, model_config, train_config) -> None:
+    del train_config
+    if not self.matryoshka_dims:
+      return
+    D = model_config.output_dim
+    if max(self.matryoshka_dims) > D:
+      raise ObjectiveConfigError(f"Contrastive.matryoshka_dims {self.matryoshka_dims} has dimensions larger than the "
+                                 f"model's {D}-d embeddings; use dimensions <= {D} or raise st5_model.embedding_dim")
+    if max(self.matryoshka_dims) < D:
+      log.warning("Contrastive.matryoshka_dims %s stops below the model's %d dimensions: the last %d get no "
+                  "gradient from the loss (list %d as well to train the whole embedding)",
+                  self.matryoshka_dims, D, D - max(self.matryoshka_dims), D)
 
   def loss_kwargs(self) -> dict[str, Any]:
     """Keyword arguments of losses.in_batch_softmax_loss for this objective."""
@@ -178,22 +240,23 @@ class Contrastive(Objective):
 
   def make_value_and_grad(self, model, boxed_params, model_config, train_config) -> ValueAndGrad:
     embed = make_embed_fn(model, boxed_params)
-    loss_kw = self.loss_kwargs()
+    loss_kw, matryoshka = self.loss_kwargs(), self.matryoshka()
     chunks, K = train_config.grad_cache_chunks, self.num_negatives
 
     def loss_fn(params, batch, key):
       negatives = negative_sides(batch, K)
       # Towers of one length (the K negatives, and the positives when theirs is the same) are one forward.
       emb = embed_towers(embed, params, {s: batch[s] for s in [LEFT, RIGHT] + negatives}, key)
-      return in_batch_loss(emb, negatives, loss_kw)
+      return in_batch_loss(emb, negatives, loss_kw, matryoshka)
 
     def value_and_grad(params, batch, key):
       if chunks > 1:
-        return grad_cache_value_and_grad(embed, params, batch, key, chunks=chunks, loss_kw=loss_kw, num_negatives=K)
+        return grad_cache_value_and_grad(embed, params, batch, key, chunks=chunks, loss_kw=loss_kw, num_negatives=K,
+                                         matryoshka=matryoshka)
       return jax.value_and_grad(loss_fn, has_aux=True)(params, batch, key)
 
     return value_and_grad
 
   def step_flops(self, model_config, *, global_batch_size, lengths) -> float:
     return contrastive_step_flops(model_config, global_batch_size=global_batch_size, lengths=lengths,
-                                  num_negatives=self.num_negatives)
+                                  num_negatives=self.num_negatives, matryoshka_dims=self.matryoshka_dims)
