@@ -30,7 +30,7 @@ def main(names):
     print(f"| {name} | {r['topology']} ({r['devices']}) | {mesh} | {r['global_batch_size']} x {lengths} | "
           f"{r['params'] / 1e9:.2f} B | {g(r['argument_bytes'])} | {g(r['temp_bytes'])} | "
           f"{g(r['total_bytes'])} / {g(r['hbm_bytes'])}{'' if r['fits'] else ' **does not fit**'} | "
-          f"{r['step_flops']:.2e} | {r['predicted_step_seconds']:.2f} s | {r['compile_seconds']:.0f} s |", flush=True)
+          f"{r['step_flops']:.2e} | {r['roofline_step_seconds']:.3f} s (estimate), MFU {r['implied_mfu']:.0%} | {r['compile_seconds']:.0f} s |", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 XLA's cost analysis counts a scanned layer body once, so it cannot be used for
 scanned models; these counts are what the hardware must do at minimum, and the
-same formula serves `st5 aot` (predicted step time) and `st5 bench` (achieved FLOP/s).
+same formula serves `st5 aot` (the MFU its roofline estimate implies) and `st5 bench` (achieved FLOP/s).
 The FLOPs of a whole step are the objective's (`Objective.step_flops`, st5_jax/objectives/),
 built from these pieces; tests/test_objectives_contract.py checks each against XLA's
 cost analysis of the lowered (unscanned) step.

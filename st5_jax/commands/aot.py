@@ -13,13 +13,14 @@ from st5_jax.commands.train import gin_overrides
 
 def register(sub: argparse._SubParsersAction) -> None:
   p = sub.add_parser("aot", help="Compile the real train step for a TPU topology on this host (needs libtpu) "
-                     "and report per-chip memory, FLOPs and predicted step time.",
-                     description="Exit status 1 when the configuration does not fit in the chip's HBM.")
+                     "and report per-chip memory, FLOPs and a roofline step-time estimate.",
+                     description="Exit status 1 when the configuration does not fit in the chip's HBM. The step "
+                     "time is an estimate (a roofline of the compiled program: FLOPs, HBM bytes and ICI bytes "
+                     "per chip over the chip's peak rates), not a measurement.")
   p.add_argument("--gin", "--gin_file", dest="gin_file", action="append", required=True,
                  help="Gin file(s) of the run, as given to `st5 train` (a path, or a shipped file's name).")
   p.add_argument("--topology", default=None, help="e.g. v4:4x4x8 (default: the gin file's run.target).")
-  p.add_argument("--slice", default=None, help="e.g. v4-256 (alternative to --topology).")
-  p.add_argument("--utilisation", type=float, default=0.5, help="MFU assumed for the predicted step time.")
+  p.add_argument("--slice", default=None, help="e.g. v4-256, v5e-16, v5p-16, v6e-256 (alternative to --topology).")
   p.add_argument("--json", default=None, help="Also write the report as JSON here.")
   p.set_defaults(run=run, accepts_extra=True)
 
@@ -37,14 +38,12 @@ def run(args: argparse.Namespace) -> int:
   spec = gin_config.run_spec()
   topology = args.topology or (aot.topology_for_slice(args.slice) if args.slice else None)
   name = " + ".join(os.path.basename(f) for f in args.gin_file)
-  report = aot.compile_for_topology(spec, topology=topology, name=name, utilisation=args.utilisation)
+  report = aot.compile_for_topology(spec, topology=topology, name=name)
   print(report.table())
   if args.json:
     with open(args.json, "w") as f:
       json.dump(report.as_dict(), f, indent=2)
   if not report.fits:
-    print(f"{name} does NOT fit: {report.total_bytes / aot.GIB:.2f} GiB per chip > "
-          f"{report.hbm_bytes / aot.GIB:.0f} GiB HBM. Shard more (MeshConfig.fsdp / model), "
-          "use a larger slice, remat, or GradCache (TrainConfig.grad_cache_chunks).", file=sys.stderr)
+    print(report.misfit(), file=sys.stderr)
     return 1
   return 0

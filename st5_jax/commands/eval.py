@@ -104,7 +104,7 @@ def side_encoders(enc, args: argparse.Namespace) -> dict:
         raise SystemExit(f"--{side}_max_length: the max length of {enc.source} is fixed (a SavedModel); re-export "
                          "it with `st5 export --max_length`")
       sided = enc.with_max_length(limit)
-    encode_side = getattr(sided, f"encode_{side}")
+    encode_side = getattr(sided, f"encode_{side}", sided.encode)  # an encoder without sides: its plain encode
     out[f"encode_{side}"] = lambda texts, e=encode_side: e(texts, batch_size=args.batch_size)
   return out
 
