@@ -61,6 +61,9 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from st5_jax import paths
+from st5_jax.parts import dumps as _dumps
+from st5_jax.parts import read_json as _read_json
+from st5_jax.parts import sha256 as _sha256
 from st5_jax.retrieval import ann as ann_lib
 from st5_jax.retrieval import corpus_files
 
@@ -83,17 +86,9 @@ def shard_name(s: int) -> str:
   return f"shard-{s:05d}"
 
 
-def _sha256(data: bytes | memoryview) -> str:
-  return hashlib.sha256(data).hexdigest()
-
-
 def _array_sha256(a: np.ndarray) -> str:
   """sha256 of the array's bytes in C order (not of the .npy header)."""
   return _sha256(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
-
-
-def _dumps(obj: Any) -> bytes:
-  return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
 
 
 # ------------------------------------------------------------------------------------------------ the model
@@ -297,13 +292,6 @@ def _describe(ident: dict) -> str:
 
 def _same(a: dict, b: dict) -> bool:
   return all(a.get(k) == b.get(k) for k in ("model_fingerprint", "corpus_fingerprint", "shard_size"))
-
-
-def _read_json(path: str) -> dict | None:
-  try:
-    return json.loads(paths.read_text(path))
-  except (FileNotFoundError, ValueError):
-    return None
 
 
 def _check_no_mixing(out: str, ident: dict) -> None:

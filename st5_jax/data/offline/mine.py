@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -66,6 +65,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from st5_jax import parts as parts_lib
+from st5_jax.parts import part_name
 from st5_jax import paths
 from st5_jax.data import overlap
 from st5_jax.data import rows as rows_lib
@@ -126,14 +127,6 @@ class MineConfig:
       raise ValueError(f"BM25 needs k1 >= 0 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
 
 
-def _sha256(data: bytes) -> str:
-  return hashlib.sha256(data).hexdigest()
-
-
-def _dumps(obj: Any) -> bytes:
-  return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
-
-
 # ------------------------------------------------------------------------------------------------ input
 
 
@@ -148,7 +141,7 @@ class Pairs:
 
   @property
   def fingerprint(self) -> str:
-    return _sha256(json.dumps([self.queries, self.positives], ensure_ascii=False).encode())
+    return parts_lib.sha256(json.dumps([self.queries, self.positives], ensure_ascii=False).encode())
 
 
 def group_pairs(pairs: Iterable[tuple[str, Sequence[str]]]) -> tuple[list[str], list[list[str]]]:
@@ -245,7 +238,7 @@ def positives_corpus(pairs: Pairs) -> Corpus:
   """The distinct positives of every query, first-seen order, ids p0, p1, ... (the default corpus)."""
   texts = list(dict.fromkeys(p for pos in pairs.positives for p in pos))
   return Corpus([f"p{i}" for i in range(len(texts))], texts, {"positives": True},
-                _sha256(json.dumps(texts, ensure_ascii=False).encode()))
+                parts_lib.sha256(json.dumps(texts, ensure_ascii=False).encode()))
 
 
 def files_corpus(files: str | Sequence[str], *, fmt: str | None = None) -> Corpus:
@@ -412,17 +405,6 @@ class DenseScorer:
 # ------------------------------------------------------------------------------------------------ parts
 
 
-def part_name(s: int) -> str:
-  return f"part-{s:05d}"
-
-
-def _read_json(path: str) -> dict | None:
-  try:
-    return json.loads(paths.read_text(path))
-  except (FileNotFoundError, ValueError):
-    return None
-
-
 def mine_rows(pairs: Pairs, corpus: Corpus, scorer: Any, config: MineConfig, start: int,
               stop: int) -> tuple[list[dict], dict]:
   """The output rows of queries [start, stop) and their counts."""
@@ -458,18 +440,9 @@ def _encode_rows(rows: Sequence[dict]) -> bytes:
 
 def _finished(out: str, s: int, identity: str, queries: int) -> tuple[bool, str]:
   """(True, "") when part s is complete and belongs to this run; else (False, why)."""
-  meta = _read_json(paths.join(out, part_name(s) + ".json"))
-  if meta is None:
-    return False, "no part JSON"
-  if meta.get("identity") != identity or meta.get("counts", {}).get("queries") != queries:
-    return False, "its JSON does not match"
-  try:
-    data = paths.read_bytes(paths.join(out, part_name(s) + ".jsonl"))
-  except (FileNotFoundError, OSError) as e:
-    return False, f"unreadable ({type(e).__name__})"
-  if _sha256(data) != meta.get("sha256"):
-    return False, "its lines differ from its JSON"
-  return True, ""
+  return parts_lib.part_finished(
+      out, s, data_suffix=".jsonl", what="lines",
+      matches=lambda meta: meta.get("identity") == identity and meta.get("counts", {}).get("queries") == queries)
 
 
 def _check_no_mixing(out: str, describe: str, *, identity: str | None = None,
@@ -477,15 +450,7 @@ def _check_no_mixing(out: str, describe: str, *, identity: str | None = None,
   """MineMismatchError when out's manifest or a part JSON is of another run: another identity, or another
   input_identity (settings, pairs, corpus, shard size: known before dense mining writes out/corpus.jsonl and
   out/index; absent from parts of older versions, which the identity check after the setup still refuses)."""
-  found = []
-  manifest = _read_json(paths.join(out, MANIFEST)) if paths.exists(paths.join(out, MANIFEST)) else None
-  if manifest:
-    found.append((MANIFEST, manifest))
-  for f in paths.glob(paths.join(out, "part-*.json")):
-    meta = _read_json(f)
-    if meta:
-      found.append((os.path.basename(f), meta))
-  for name, meta in found:
+  for name, meta in parts_lib.folder_records(out, MANIFEST):
     other_identity = identity is not None and meta.get("identity") != identity
     other_inputs = input_identity is not None and "input_identity" in meta and meta["input_identity"] != input_identity
     if other_identity or other_inputs:
@@ -535,7 +500,7 @@ def mine(pairs: Pairs, corpus: Corpus, out: str, config: MineConfig, *, model: s
 
   inputs = {"settings": dataclasses.asdict(config), "pairs": pairs.fingerprint, "corpus": corpus.fingerprint,
             "shard_size": shard_size}
-  input_identity = _sha256(json.dumps(inputs, sort_keys=True).encode())
+  input_identity = parts_lib.sha256(json.dumps(inputs, sort_keys=True).encode())
   describe = (f"{config.method} k={config.num_negatives} range=[{config.range_min}, {config.range_max}) over "
               f"{len(pairs.queries)} queries (pairs {pairs.fingerprint[:12]}), corpus {corpus.fingerprint[:12]}")
   # Before anything is written (dense: out/corpus.jsonl, out/index): another run's folder is left as it is.
@@ -547,7 +512,7 @@ def mine(pairs: Pairs, corpus: Corpus, out: str, config: MineConfig, *, model: s
     index, loaded, scorer_info = _dense_setup(corpus, out, model=model, index_dir=index_dir, batch_size=batch_size,
                                               max_length=max_length, checkpoint=checkpoint, devices=devices, say=say)
   ident = dict(inputs, scorer=scorer_info)
-  identity = _sha256(json.dumps(ident, sort_keys=True).encode())
+  identity = parts_lib.sha256(json.dumps(ident, sort_keys=True).encode())
   _check_no_mixing(out, describe, identity=identity)  # the scorer too (dense: the model, the index)
   paths.mkdir(out)
 
@@ -579,9 +544,9 @@ def mine(pairs: Pairs, corpus: Corpus, out: str, config: MineConfig, *, model: s
       rows, counts = mine_rows(pairs, corpus, scorer, config, lo, hi)
       data = _encode_rows(rows)
       meta = {"part": s, "identity": identity, "input_identity": input_identity, "describe": describe,
-              "counts": counts, "sha256": _sha256(data)}
+              "counts": counts, "sha256": parts_lib.sha256(data)}
       paths.write_bytes(paths.join(out, part_name(s) + ".jsonl"), data)
-      paths.write_bytes(paths.join(out, part_name(s) + ".json"), _dumps(meta))  # last: the part is finished
+      paths.write_bytes(paths.join(out, part_name(s) + ".json"), parts_lib.dumps(meta))  # last: the part is finished
       seconds = time.perf_counter() - start
       report.mined.append(s)
       report.seconds += seconds
@@ -636,7 +601,7 @@ def _finish(out: str, *, num_parts: int, identity: str, input_identity: str, ide
             "empty": 0}
   parts = []
   for s in range(num_parts):
-    meta = _read_json(paths.join(out, part_name(s) + ".json"))
+    meta = parts_lib.read_json(paths.join(out, part_name(s) + ".json"))
     if meta is None or meta.get("identity") != identity:
       raise RuntimeError(f"{part_name(s)} of {out} was not written (did the process that mines it fail?); rerun "
                          "the command to resume")
@@ -654,5 +619,5 @@ def _finish(out: str, *, num_parts: int, identity: str, input_identity: str, ide
       "pairs": {"source": pairs.source, "fingerprint": pairs.fingerprint, "rows": pairs.stats},
       "corpus": {"source": corpus.source, "documents": len(corpus.ids), "fingerprint": corpus.fingerprint},
       "counts": totals, "parts": parts, "train_files": "part-*.jsonl"}
-  paths.write_bytes(paths.join(out, MANIFEST), _dumps(manifest))
+  paths.write_bytes(paths.join(out, MANIFEST), parts_lib.dumps(manifest))
   return manifest

@@ -32,7 +32,6 @@ teacher is one model on one host's devices).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
 import json
 import logging
@@ -42,6 +41,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from st5_jax import parts as parts_lib
+from st5_jax.parts import part_name
 from st5_jax import paths
 from st5_jax.features import negative_features
 
@@ -59,29 +60,10 @@ class DistillCacheMismatchError(ValueError):
   """The folder holds the cache of another run (another teacher, texts or shard size)."""
 
 
-def _sha256(data: bytes) -> str:
-  return hashlib.sha256(data).hexdigest()
-
-
 def _npy_bytes(array: np.ndarray) -> bytes:
   buf = io.BytesIO()
   np.save(buf, array, allow_pickle=False)
   return buf.getvalue()
-
-
-def _read_json(path: str) -> dict | None:
-  try:
-    return json.loads(paths.read_text(path))
-  except (FileNotFoundError, ValueError):
-    return None
-
-
-def _dumps(obj: Any) -> bytes:
-  return (json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode()
-
-
-def part_name(s: int) -> str:
-  return f"part-{s:05d}"
 
 
 def text_keys(num_negatives: int) -> tuple[str, ...]:
@@ -194,26 +176,14 @@ class CacheReport:
 
 def _finished(out: str, s: int, identity: str, count: int) -> tuple[bool, str]:
   """(True, "") when part s is complete and belongs to this run; else (False, why)."""
-  meta = _read_json(paths.join(out, part_name(s) + ".json"))
-  if meta is None:
-    return False, "no part JSON"
-  if meta.get("identity") != identity or meta.get("count") != count:
-    return False, "its JSON does not match"
-  try:
-    data = paths.read_bytes(paths.join(out, part_name(s) + ".npy"))
-  except (FileNotFoundError, OSError) as e:
-    return False, f"unreadable ({type(e).__name__})"
-  if _sha256(data) != meta.get("sha256"):
-    return False, "its vectors differ from its JSON"
-  return True, ""
+  return parts_lib.part_finished(out, s, data_suffix=".npy", what="vectors",
+                                 matches=lambda meta: meta.get("identity") == identity and meta.get("count") == count)
 
 
 def _check_no_mixing(out: str, identity: str, describe: str) -> None:
   """DistillCacheMismatchError when out's manifest or a part JSON belongs to another run."""
-  found = [(MANIFEST, _read_json(paths.join(out, MANIFEST)))]
-  found += [(os.path.basename(f), _read_json(f)) for f in paths.glob(paths.join(out, "part-*.json"))]
-  for name, meta in found:
-    if meta and meta.get("identity") != identity:
+  for name, meta in parts_lib.folder_records(out, MANIFEST):
+    if meta.get("identity") != identity:
       raise DistillCacheMismatchError(
           f"{out} holds the teacher cache of another run ({name}: {meta.get('describe')}); this run: {describe}. "
           f"Pass another --out, or delete {out} to build it again")
@@ -238,9 +208,10 @@ def build_cache(examples: Examples, teacher: Any, out: str, *, shard_size: int =
   examples_bytes = _npy_bytes(ids_NxS)
   teacher_info = teacher.describe()
   dim = int(teacher.dim)
-  ident = {"format": FORMAT, "teacher": teacher_info, "texts_sha256": _sha256(texts_bytes),
-           "examples_sha256": _sha256(examples_bytes), "features": list(clean.features), "shard_size": shard_size}
-  identity = _sha256(json.dumps(ident, sort_keys=True).encode())
+  ident = {"format": FORMAT, "teacher": teacher_info, "texts_sha256": parts_lib.sha256(texts_bytes),
+           "examples_sha256": parts_lib.sha256(examples_bytes), "features": list(clean.features),
+           "shard_size": shard_size}
+  identity = parts_lib.sha256(json.dumps(ident, sort_keys=True).encode())
   describe = (f"teacher {teacher_info['backend']} {teacher_info['path']} ({dim}-d, {teacher_info['fingerprint'][:12]}) "
               f"on {len(clean.rows)} examples, {len(texts)} texts ({ident['texts_sha256'][:12]}) in parts of "
               f"{shard_size}")
@@ -248,7 +219,7 @@ def build_cache(examples: Examples, teacher: Any, out: str, *, shard_size: int =
   paths.mkdir(out)
   for name, data in ((TEXTS, texts_bytes), (EXAMPLES, examples_bytes)):
     target = paths.join(out, name)
-    if not paths.exists(target) or _sha256(paths.read_bytes(target)) != _sha256(data):
+    if not paths.exists(target) or parts_lib.sha256(paths.read_bytes(target)) != parts_lib.sha256(data):
       paths.write_bytes(target, data)
 
   num_parts = -(-len(texts) // shard_size)
@@ -268,20 +239,20 @@ def build_cache(examples: Examples, teacher: Any, out: str, *, shard_size: int =
         raise ValueError(f"teacher {teacher_info['path']} returned a non-finite vector for text {bad}: {texts[bad]!r}")
       data = _npy_bytes(vecs_nxE.astype(np.float32))
       paths.write_bytes(paths.join(out, part_name(s) + ".npy"), data)
-      meta = {"part": s, "start": lo, "count": hi - lo, "dim": dim, "sha256": _sha256(data), "identity": identity,
-              "describe": describe}
-      paths.write_bytes(paths.join(out, part_name(s) + ".json"), _dumps(meta))
+      meta = {"part": s, "start": lo, "count": hi - lo, "dim": dim, "sha256": parts_lib.sha256(data),
+              "identity": identity, "describe": describe}
+      paths.write_bytes(paths.join(out, part_name(s) + ".json"), parts_lib.dumps(meta, ensure_ascii=False))
       encoded.append(s)
       say(f"part {s + 1}/{num_parts}: {hi - lo} texts encoded in {time.perf_counter() - t:.1f}s ({why})")
     else:
       kept.append(s)
     parts.append({"name": part_name(s), "start": lo, "count": hi - lo,
-                  "sha256": _read_json(paths.join(out, part_name(s) + ".json"))["sha256"]})
+                  "sha256": parts_lib.read_json(paths.join(out, part_name(s) + ".json"))["sha256"]})
   manifest = {"format": FORMAT, "identity": identity, "describe": describe, "teacher": teacher_info, "dim": dim,
               "features": list(clean.features), "num_negatives": K, "input": clean.source, "counts": dict(
                   clean.counts, texts=len(texts)), "texts_sha256": ident["texts_sha256"],
               "examples_sha256": ident["examples_sha256"], "shard_size": shard_size, "parts": parts}
-  paths.write_bytes(paths.join(out, MANIFEST), _dumps(manifest))
+  paths.write_bytes(paths.join(out, MANIFEST), parts_lib.dumps(manifest, ensure_ascii=False))
   return CacheReport(encoded, kept, manifest, time.perf_counter() - start_time)
 
 
@@ -311,7 +282,7 @@ class TeacherCache:
   def open(cls, folder: str) -> "TeacherCache":
     """Reads a finished cache (the vectors memory-mapped); a clear error for an unfinished or foreign one."""
     folder = cls.resolve(folder)
-    manifest = _read_json(paths.join(folder, MANIFEST))
+    manifest = parts_lib.read_json(paths.join(folder, MANIFEST))
     if manifest is None:
       raise FileNotFoundError(f"{folder} has no {MANIFEST}: not a finished teacher cache. `st5 distill-cache ... --out "
                               f"{folder}` writes one (rerun it with the same arguments to finish an interrupted one)")
