@@ -3,6 +3,7 @@
 #
 # Local (this machine's backend: CPU, GPU, or a single TPU VM):
 #   launch/tpu_run.sh --gin st5_tiny_cpu.gin [--workdir DIR] [--gin.KEY=VALUE ...]
+#   launch/tpu_run.sh --gin st5_base_enc.gin --gin targets/v5p_16.gin ...   (files combine, in order)
 #
 # TPU pod slice (every worker runs the same trainer; JAX discovers the other hosts):
 #   launch/tpu_run.sh --gin st5_11b_encdec.gin --tpu NAME --zone ZONE \
@@ -19,26 +20,27 @@
 # workers"): a fresh login's, plus every exported ST5_* variable, TFDS_DATA_DIR, and each
 # variable named by --env NAME (repeatable). Nothing else of this shell reaches them.
 #
-# --gin NAME is looked up as a path, then in gin/. Each --gin.KEY=VALUE (or
+# --gin NAME is looked up as a path, then in gin/; repeat it to combine files (a run and a target:
+# later files override earlier ones, as `st5 train --gin_file A --gin_file B`). Each --gin.KEY=VALUE (or
 # --gin.KEY VALUE) is passed to `st5 train` unchanged: on the TPU workers every
 # argument is quoted with printf %q, so values with spaces or quotes arrive intact
 # and nothing in them is evaluated by a shell. --dry-run prints the exact commands.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-GIN="" WORKDIR="" TPU="" ZONE="" PROJECT="" ACCEL="" VERSION="tpu-ubuntu2204-base"
+GINS=() WORKDIR="" TPU="" ZONE="" PROJECT="" ACCEL="" VERSION="tpu-ubuntu2204-base"
 CREATE=0 SPOT=0 DRY=0 LOCAL_POD=0
 OVERRIDES=()
 TRAIN_FLAGS=()
 EXTRA_ENV=()
 
-usage() { sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 need() { [ "$#" -ge 2 ] && [ -n "$2" ] || { echo "tpu_run.sh: $1 needs a value" >&2; exit 2; }; }
 
 while [ "$#" -gt 0 ]; do
   case "$1" in
-    --gin) need "$@"; GIN="$2"; shift 2 ;;
-    --gin=*) GIN="${1#--gin=}"; shift ;;
+    --gin) need "$@"; GINS+=("$2"); shift 2 ;;
+    --gin=*) GINS+=("${1#--gin=}"); shift ;;
     --workdir) need "$@"; WORKDIR="$2"; shift 2 ;;
     --tpu) need "$@"; TPU="$2"; shift 2 ;;
     --zone) need "$@"; ZONE="$2"; shift 2 ;;
@@ -60,16 +62,21 @@ while [ "$#" -gt 0 ]; do
     *) echo "tpu_run.sh: unknown argument: $1" >&2; usage 2 ;;
   esac
 done
-[ -n "$GIN" ] || { echo "tpu_run.sh: --gin NAME.gin is required" >&2; usage 2; }
+[ "${#GINS[@]}" -gt 0 ] || { echo "tpu_run.sh: --gin NAME.gin is required" >&2; usage 2; }
 
-if [ -f "$GIN" ]; then
-  GIN_PATH="$(cd "$(dirname "$GIN")" && pwd)/$(basename "$GIN")"
-elif [ -f "$ROOT/gin/$GIN" ]; then
-  GIN_PATH="$ROOT/gin/$GIN"
-else
-  echo "tpu_run.sh: gin file '$GIN' not found (as a path or in $ROOT/gin/)" >&2; exit 2
-fi
-RUN_NAME="$(basename "$GIN_PATH" .gin)"
+GIN_PATHS=()  # absolute paths, in the order given
+RUN_NAME=""   # the files' names joined by '+': st5_base_enc+v5p_16
+for GIN in "${GINS[@]}"; do
+  if [ -f "$GIN" ]; then
+    GIN_PATH="$(cd "$(dirname "$GIN")" && pwd)/$(basename "$GIN")"
+  elif [ -f "$ROOT/gin/$GIN" ]; then
+    GIN_PATH="$ROOT/gin/$GIN"
+  else
+    echo "tpu_run.sh: gin file '$GIN' not found (as a path or in $ROOT/gin/)" >&2; exit 2
+  fi
+  GIN_PATHS+=("$GIN_PATH")
+  RUN_NAME="${RUN_NAME:+$RUN_NAME+}$(basename "$GIN_PATH" .gin)"
+done
 
 # ------------------------------------------------- what reaches the workers
 # A slice's worker runs the trainer from a fresh ssh login: nothing of this shell reaches it
@@ -102,8 +109,10 @@ show() { local out="" a; for a in "$@"; do out+="$(printf '%q' "$a") "; done; ec
 run() { if [ "$DRY" = 1 ]; then show "$@"; else "$@"; fi; }
 
 # What every TPU worker runs (after `cd` into the shipped tree), and what --local-pod runs.
-worker_args() {  # $1: the gin file as the worker sees it
-  printf '%s\0' train --gin_file "$1" --workdir "$WORKDIR" --no_progress "${TRAIN_FLAGS[@]}" "${OVERRIDES[@]}"
+worker_args() {  # $@: the gin files as the worker sees them
+  local gin_flags=() f
+  for f in "$@"; do gin_flags+=(--gin_file "$f"); done
+  printf '%s\0' train "${gin_flags[@]}" --workdir "$WORKDIR" --no_progress "${TRAIN_FLAGS[@]}" "${OVERRIDES[@]}"
 }
 
 if [ "$LOCAL_POD" != 0 ]; then
@@ -111,7 +120,7 @@ if [ "$LOCAL_POD" != 0 ]; then
   case "$LOCAL_POD" in ''|*[!0-9]*) echo "tpu_run.sh: --local-pod needs a process count" >&2; exit 2 ;; esac
   [ -n "$TPU" ] && { echo "tpu_run.sh: --local-pod and --tpu exclude each other" >&2; exit 2; }
   [ -n "$WORKDIR" ] || { echo "tpu_run.sh: --local-pod needs --workdir (shared by all processes, e.g. gs://BUCKET/DIR)" >&2; exit 2; }
-  mapfile -d '' ARGS < <(worker_args "$GIN_PATH")
+  mapfile -d '' ARGS < <(worker_args "${GIN_PATHS[@]}")
   PORT="${ST5_LOCAL_POD_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}"
   DEVICES="${ST5_LOCAL_POD_DEVICES:-4}"
   # Each worker starts from an empty environment (`env -i`), built as a slice worker's is: what
@@ -168,7 +177,9 @@ fi
 if [ -z "$TPU" ]; then
   # ---------------------------------------------------------------- local run
   WORKDIR="${WORKDIR:-$ROOT/workdirs/$RUN_NAME}"
-  CMD=(st5 train --gin_file "$GIN_PATH" --workdir "$WORKDIR" "${TRAIN_FLAGS[@]}" "${OVERRIDES[@]}")
+  GIN_FLAGS=()
+  for f in "${GIN_PATHS[@]}"; do GIN_FLAGS+=(--gin_file "$f"); done
+  CMD=(st5 train "${GIN_FLAGS[@]}" --workdir "$WORKDIR" "${TRAIN_FLAGS[@]}" "${OVERRIDES[@]}")
   if [ "$DRY" = 1 ]; then show "${CMD[@]}"; exit 0; fi
   # shellcheck disable=SC1091
   source "$ROOT/launch/setup_env.sh"
@@ -200,10 +211,15 @@ fi
 TARBALL="${TMPDIR:-/tmp}/st5_jax-$(git -C "$ROOT" rev-parse --short HEAD).tar.gz"
 run git -C "$ROOT" archive --format=tar.gz -o "$TARBALL" HEAD
 SHIP=("$TARBALL")
-case "$GIN_PATH" in
-  "$ROOT"/*) REMOTE_GIN="${GIN_PATH#"$ROOT"/}" ;;
-  *) SHIP+=("$GIN_PATH"); REMOTE_GIN="../$(basename "$GIN_PATH")" ;;
-esac
+REMOTE_GINS=()
+for GIN_PATH in "${GIN_PATHS[@]}"; do
+  case "$GIN_PATH" in
+    "$ROOT"/*) REMOTE_GINS+=("${GIN_PATH#"$ROOT"/}") ;;
+    *) [[ " ${REMOTE_GINS[*]} " == *" ../$(basename "$GIN_PATH") "* ]] && {
+         echo "tpu_run.sh: two gin files from outside the tree are named $(basename "$GIN_PATH"); rename one" >&2; exit 2; }
+       SHIP+=("$GIN_PATH"); REMOTE_GINS+=("../$(basename "$GIN_PATH")") ;;
+  esac
+done
 run "${GCLOUD[@]}" scp "${SHIP[@]}" "$TPU:~/" "${WHERE[@]}" --worker=all
 
 # Everything after `--command` is one string for the remote shell: build it from
@@ -211,7 +227,7 @@ run "${GCLOUD[@]}" scp "${SHIP[@]}" "$TPU:~/" "${WHERE[@]}" --worker=all
 REMOTE_SETUP="$(show mkdir -p "$REMOTE_DIR") && $(show tar -xzf "$(basename "$TARBALL")" -C "$REMOTE_DIR") && cd $(show "$REMOTE_DIR") && ST5_EXTRAS=tpu bash launch/setup_env.sh"
 run "${GCLOUD[@]}" ssh "$TPU" "${WHERE[@]}" --worker=all --command "$REMOTE_SETUP"
 
-mapfile -d '' TRAIN_ARGS < <(worker_args "$REMOTE_GIN")
+mapfile -d '' TRAIN_ARGS < <(worker_args "${REMOTE_GINS[@]}")
 # `env NAME=VALUE ...` carries the forwarded variables (above) into the fresh login's shell:
 # each word %q-quoted, so a value with spaces, quotes, `;`, `$` or a glob (ST5_USER_HARD_NEGATIVES=
 # 'gs://b/mined/part-*.jsonl') arrives as this shell has it. ST5_MULTIHOST=1 comes last, so it wins.

@@ -200,6 +200,29 @@ def test_tpu_run_pod_mode_commands_and_quoting(tmp_path):
   assert argv[-2:] == ["--gin.TrainConfig.num_train_steps=5", "--gin." + shlex.split(value)[0]]
 
 
+def test_tpu_run_combines_gin_files_in_order(tmp_path):
+  # A run plus a target (docs/tpu.md), and a file from outside the tree, which travels beside it.
+  mine = tmp_path / "my_overrides.gin"
+  mine.write_text("TrainConfig.num_train_steps = 7\n")
+  (cmd,) = _dry("--gin", "st5_base_enc.gin", "--gin", "targets/v5p_16.gin", "--gin", str(mine))
+  files = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--gin_file"]
+  assert files == [str(REPO / "gin" / "st5_base_enc.gin"), str(REPO / "gin" / "targets" / "v5p_16.gin"), str(mine)]
+  assert cmd[cmd.index("--workdir") + 1] == str(REPO / "workdirs" / "st5_base_enc+v5p_16+my_overrides")
+  create, archive, scp, setup, run = _dry("--gin", "st5_base_enc.gin", "--gin", "targets/v5p_16.gin",
+                                          "--gin", str(mine), "--tpu", "t", "--zone", "z", "--workdir", "gs://b/r",
+                                          "--accelerator", "v5p-16", "--create")
+  assert str(mine) in scp
+  remote = shlex.split(run[run.index("--command") + 1])
+  files = [remote[i + 1] for i, a in enumerate(remote) if a == "--gin_file"]
+  assert files == ["gin/st5_base_enc.gin", "gin/targets/v5p_16.gin", "../my_overrides.gin"]
+  other = tmp_path / "other"
+  other.mkdir()
+  (other / "my_overrides.gin").write_text("")
+  bad = subprocess.run([TPU_RUN, "--gin", str(mine), "--gin", str(other / "my_overrides.gin"), "--tpu", "t",
+                        "--zone", "z", "--workdir", "gs://b/r", "--dry-run"], capture_output=True, text=True)
+  assert bad.returncode == 2 and "rename one" in bad.stderr
+
+
 TINY_AOT = """
 include 'runs/base.gin'
 include 'models/t5_tiny.gin'
