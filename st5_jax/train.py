@@ -78,12 +78,17 @@ class TrainConfig:
   # Keep the best dev checkpoint (EarlyStopping.metric) in WORKDIR/best and stop after `patience` evaluations
   # without improvement: gin `TrainConfig.early_stopping = @EarlyStopping()` (needs eval_every > 0).
   early_stopping: hooks_lib.EarlyStopping | None = None
+  # Which of the model's prompts each dev set encodes with, in `st5 eval --prompt`'s rules, e.g.
+  # {"STSBenchmarkDev": "query", "TREC-QA-dev.query": "q"}; default: the model's default prompt for STS-B dev,
+  # the "query" / "document" prompts for a retrieval set's sides (st5_jax/evaluation/in_training.py).
+  eval_prompts: Mapping[str, str] | None = None
 
   def __post_init__(self):
     if self.early_stopping is not None and self.eval_every <= 0:
       raise ValueError(f"TrainConfig.early_stopping evaluates every TrainConfig.eval_every steps; set eval_every > 0 "
                        f"(it is {self.eval_every}).")
     in_training.check_metrics(self.eval_metrics, selected=self.early_stopping and self.early_stopping.metric)
+    in_training.prompts_lib.parse(self.eval_prompts, where="TrainConfig.eval_prompts")  # the sets: at the run's start
     objectives.check_is_objective(self.objective, "TrainConfig.objective")
 
   def to_dict(self) -> dict[str, Any]:
@@ -105,6 +110,10 @@ class DataConfig:
   `numpy_path=False` sends this project's own sources through seqio's pipeline too.
   `cache_dir` reads every task from its token cache `<cache_dir>/<task>/<split>` (written by
   `st5 data cache`; each host its own shards, resume by shard counts; docs/data.md).
+  `prompts` prepends text to features before tokenisation, as sentence-transformers' trainer `prompts`:
+  a string (every feature), {side or feature: prompt} (query -> inputs; document -> targets and every
+  negative_targets*) or {task of the mixture: {...}} (st5_jax/data/prompts.py); the query and document
+  prompts become the model's (`train_prompts`).
   """
 
   task: str
@@ -115,6 +124,25 @@ class DataConfig:
   model_features: Mapping[str, str] | None = None
   numpy_path: bool = True
   cache_dir: str | None = None
+  prompts: Mapping[str, Any] | str | None = None
+
+  def __post_init__(self):
+    from st5_jax.data import prompts as prompts_lib  # pylint: disable=g-import-not-at-top  (no TensorFlow)
+    prompts_lib.check_spec(self.prompts)
+
+  def resolved_prompts(self) -> dict[str, dict[str, str]]:
+    """{task: {task feature: prompt}} of `prompts` over the task's (or mixture's) tasks; {} without prompts."""
+    if not self.prompts:
+      return {}
+    from st5_jax.data import DataConfigError, batch_layout  # pylint: disable=g-import-not-at-top  (seqio)
+    from st5_jax.data import mixing, prompts as prompts_lib, streams  # pylint: disable=g-import-not-at-top
+    tasks, _ = mixing.tasks_and_rates(streams.get_provider(self.task))
+    layout = batch_layout(tasks, dict(self.feature_lengths), model_feature_names=dict(self.model_features or {}))
+    try:
+      return prompts_lib.resolve(self.prompts, [t.name for t in tasks],
+                                 [f.task_key for f in layout.features if f.is_tokens])
+    except ValueError as e:
+      raise DataConfigError(str(e)) from e
 
   def __call__(self, mesh: Mesh, global_batch_size: int, seed: int) -> BatchIterator:
     # Here, not at the top: st5_jax.data imports TensorFlow and seqio (seconds), which the
@@ -125,7 +153,7 @@ class DataConfig:
                                    data_axes=partitioning.BATCH_AXES, seed=seed, shuffle=self.shuffle,
                                    dedup=self.dedup, split=self.split,
                                    model_feature_names=dict(self.model_features or {}), numpy_path=self.numpy_path,
-                                   cache_dir=self.cache_dir)
+                                   cache_dir=self.cache_dir, prompts=self.prompts)
     # Dedup hashes rows as token ids; float rows (a teacher's vectors, st5_jax.objectives.distill) are not.
     floats = [f.task_key for f in iterator.layout.features if np.dtype(f.dtype).kind == "f"]
     if self.dedup and floats:
@@ -133,6 +161,36 @@ class DataConfig:
       raise DataConfigError(f"DataConfig.dedup compares token rows; task {self.task} has float features {floats}: "
                             "set DataConfig.dedup = False")
     return iterator
+
+
+def train_prompts(model_config: ST5Config, data: Any) -> ST5Config:
+  """The model config with the query / document prompts the data trains with (DataConfig.prompts).
+
+  A side whose prompt every task shares (`inputs`: query, `targets`: document) and that st5_model.prompts does
+  not name is added, so `encode_query` / `encode_document` and every export use it; a different prompt of the
+  same name in st5_model.prompts is refused (one line). Tasks of a mixture that train a side with different
+  prompts add none for it (a warning says so). Other data factories, or no prompts: the config unchanged.
+  """
+  if not isinstance(data, DataConfig) or not data.prompts:
+    return model_config
+  from st5_jax.data import DataConfigError  # pylint: disable=g-import-not-at-top
+  from st5_jax.data import prompts as prompts_lib  # pylint: disable=g-import-not-at-top
+  have = model_config.prompt_dict
+  add = {}
+  for side, text in prompts_lib.side_prompts(data.resolved_prompts()).items():
+    if text is None:
+      log.warning("DataConfig.prompts trains the %s side of %s with different prompts per task: the model gets "
+                  "no %r prompt from them (set st5_model.prompts).", side, data.task, side)
+    elif text and side in have and have[side] != text:
+      raise DataConfigError(f"DataConfig.prompts trains the {side} side with {text!r} but st5_model.prompts"
+                            f"[{side!r}] is {have[side]!r}: make them equal (or drop one), so that "
+                            f"encode_{side} uses the prompt the model was trained with.")
+    elif text and side not in have:
+      add[side] = text
+  if add:
+    log.info("The model's prompts get the trained ones: %s", add)
+    return model_config.replace(prompts={**have, **add})
+  return model_config
 
 
 @flax.struct.dataclass
@@ -255,10 +313,12 @@ def tower_encode(setup: Setup, model_config: ST5Config, side: str, rules=partiti
 
 def make_dev_eval(setup: Setup, model_config: ST5Config, *, data_dir: str | None, vocab_file: str,
                   metrics: Sequence[str] = (in_training.STSB_DEV,), rules=partitioning.DEFAULT_RULES,
-                  batch_size: int = 128) -> Callable[[Any], dict[str, float] | None]:
+                  batch_size: int = 128, eval_prompts: Mapping[str, str] | None = None
+                  ) -> Callable[[Any], dict[str, float] | None]:
   """params -> {metric: value} of the dev metrics (None without data), on the run's mesh.
 
-  The objective's inference towers encode (query side: STS-B dev and queries; document side: corpora).
+  The objective's inference towers encode (query side: STS-B dev and queries; document side: corpora), with the
+  model's prompts as `st5 eval` uses them (eval_prompts: TrainConfig.eval_prompts' choices).
   Build it once per run and call it at every evaluation: its encoder is compiled once per
   length bucket on the first call and reused (tests/test_train.py counts compiles).
   """
@@ -270,7 +330,8 @@ def make_dev_eval(setup: Setup, model_config: ST5Config, *, data_dir: str | None
   return in_training.dev_evaluator(encode, param_keys=param_keys, max_length=model_config.max_length,
                                    mesh=setup.mesh, param_shardings=setup.state_shardings.params,
                                    vocab_file=vocab_file, batch_size=batch_size, metrics=metrics, data_dir=data_dir,
-                                   document=document)
+                                   document=document, prompts=model_config.prompt_dict,
+                                   default_prompt_name=model_config.default_prompt_name, eval_prompts=eval_prompts)
 
 
 def train(*, workdir: str | os.PathLike, model_config: ST5Config, train_config: TrainConfig,
@@ -338,6 +399,7 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
            vocab_file, eval_data_dir, rules, progress, run_info, stop_after_steps, hooks, lease) -> TrainResult:
   workdir = paths.mkdir(workdir)  # local or gs://
   tc = train_config
+  model_config = train_prompts(model_config, make_iterator)  # saved, evaluated and exported with them
   caller_hooks = hooks_lib.Hooks()
   for hook in hooks:
     caller_hooks.add(hook)
@@ -361,7 +423,7 @@ def _train(*, workdir, model_config, train_config, make_iterator, mesh_config, i
                     "global_batch_size": tc.global_batch_size, "mesh": dict(mesh.shape), **(run_info or {})})
 
     dev_eval = make_dev_eval(setup, model_config, data_dir=eval_data_dir, vocab_file=vocab_file,
-                             metrics=tc.eval_metrics, rules=rules)
+                             metrics=tc.eval_metrics, rules=rules, eval_prompts=tc.eval_prompts)
     if tc.early_stopping is not None and eval_data_dir is None:
       raise ValueError("TrainConfig.early_stopping needs the dev evaluation (TrainConfig.eval_metrics): set "
                        "$ST5_DATA_DIR (or gin st5_jax.data.options.data_dir).")

@@ -77,7 +77,8 @@ def register(subparsers) -> None:
                                  "drop duplicates by normalised text and evaluation texts, and write "
                                  "OUT/<task>/<split>/: N TFRecord shards and manifest.json. Train from it with gin "
                                  "DataConfig.cache_dir = 'OUT'. With --gin_file, the run's own DataConfig "
-                                 "(task, feature lengths, split, cache_dir as OUT) and task bindings are used.")
+                                 "(task, feature lengths, split, cache_dir as OUT, prompts) and task bindings are "
+                                 "used.")
   p.add_argument("--gin_file", action="append", default=[],
                  help="the run's gin file(s): DataConfig gives --task, --feature_lengths, --split and --out unless "
                       "given; --gin.KEY=VALUE bindings apply too (repeatable)")
@@ -102,6 +103,11 @@ def register(subparsers) -> None:
   p.add_argument("--feature_lengths", default=None,
                  help="token length per feature, e.g. inputs=64,targets=64 (negative_targets defaults to "
                       "targets); default: the gin file's DataConfig.feature_lengths, else inputs=64,targets=64")
+  p.add_argument("--prompts", default=None,
+                 help="text prepended to features before tokenising, as JSON in DataConfig.prompts' forms, e.g. "
+                      "'{\"query\": \"query: \", \"document\": \"passage: \"}' (default: the gin file's "
+                      "DataConfig.prompts, else none); recorded in the manifest, and a run reading the cache must "
+                      "train with the same")
   p.add_argument("--keep_duplicates", action="store_true", help="do not drop examples with the same normalised text")
   p.add_argument("--no_decontaminate", action="store_true",
                  help="keep examples that share a text with an evaluation set (default: drop and count them)")
@@ -316,7 +322,7 @@ def _cache(args) -> int:
   for module in args.module:
     importlib.import_module(module)
   gin_args, beam_args = split_extra(args.extra)
-  task, lengths, split, out = args.task, None, args.split, args.out
+  task, lengths, split, out, prompts = args.task, None, args.split, args.out, None
   if args.gin_file or gin_args:
     from st5_jax import gin_config  # pylint: disable=g-import-not-at-top
     from st5_jax.commands.train import gin_overrides  # pylint: disable=g-import-not-at-top
@@ -324,6 +330,12 @@ def _cache(args) -> int:
     data = gin_config.run_spec().data
     task, lengths = task or data.task, dict(data.feature_lengths)
     split, out = split or data.split, out or data.cache_dir
+    prompts = getattr(data, "prompts", None)
+  if args.prompts is not None:
+    try:
+      prompts = json.loads(args.prompts)
+    except ValueError as e:
+      raise UsageError(f"--prompts is not JSON ({e}); e.g. '{{\"query\": \"query: \"}}'.") from e
   if args.feature_lengths or lengths is None:
     lengths = _parse_lengths(args.feature_lengths or "inputs=64,targets=64")
   split = split or "train"
@@ -350,7 +362,13 @@ def _cache(args) -> int:
 
   try:
     provider = get_provider(task)
-    names = [t.name for t in provider.tasks] if isinstance(provider, seqio.Mixture) else [provider.name]
+    tasks = list(provider.tasks) if isinstance(provider, seqio.Mixture) else [provider]
+    names = [t.name for t in tasks]
+    # The run's prompts per task of the mixture (the same resolution as its DataConfig's).
+    from st5_jax.data import convert, prompts as prompts_lib  # pylint: disable=g-import-not-at-top
+    token_features = list(dict.fromkeys(f.task_key for t in tasks for f in convert.batch_layout([t], lengths).features
+                                        if f.is_tokens)) if prompts else []
+    per_task = prompts_lib.resolve(prompts, names, token_features, where="DataConfig.prompts / --prompts")
     for name in names:
       folder = cache.task_dir(out, name, split)
       if args.runner:
@@ -358,14 +376,16 @@ def _cache(args) -> int:
         m = beam_cache.write_cache_beam(name, split, folder, args.num_shards, lengths,
                                         dedup=not args.keep_duplicates, decontaminate=not args.no_decontaminate,
                                         pipeline_args=[f"--runner={args.runner}", *beam_args], sizing=sizing,
-                                        split_bytes=args.range_mb << 20, progress=progress)
+                                        split_bytes=args.range_mb << 20, progress=progress, prompts=per_task[name])
       else:
         m = cache_writer.write_cache(name, split, folder, args.num_shards, lengths, dedup=not args.keep_duplicates,
-                                     decontaminate=not args.no_decontaminate, sizing=sizing, progress=progress)
+                                     decontaminate=not args.no_decontaminate, sizing=sizing, progress=progress,
+                                     prompts=per_task[name])
       s = m["stats"]
       print(f"{name} ({split}): {m['num_examples']} examples in {m['num_shards']} shards at {folder}; rows in "
             f"{s['rows_in']}, dropped as duplicates {s['dropped_duplicates']}, as contaminated "
-            f"{s['dropped_contaminated']}, trimmed {s['trimmed']}")
+            f"{s['dropped_contaminated']}, trimmed {s['trimmed']}" + (f"; prompts {m['prompts']}" if m.get("prompts")
+                                                                       else ""))
   except (FileNotFoundError, ValueError, BadRowError) as e:  # DataConfigError/CacheError are ValueErrors
     raise UsageError(str(e)) from e
   return 0

@@ -38,6 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                  help="Token limit of retrieval queries (default: the model's max length).")
   p.add_argument("--document_max_length", type=int, default=None,
                  help="Token limit of retrieval documents (default: the model's max length).")
+  p.add_argument("--prompt", action="append", default=[], metavar="TASK=NAME",
+                 help="The model's prompt (st5_model.prompts) a task or suite encodes with, or 'none': e.g. "
+                      "sts=query, STSBenchmark=none, retrieval.query=q, TREC-QA.document=passage (repeatable; a "
+                      "task's rule beats its suite's, a suite's beats all's). Default: the model's default prompt, "
+                      "and the query / document prompts for retrieval's two sides (docs/evaluation.md).")
   p.add_argument("--mteb", default="",
                  help="Comma-separated MTEB task names (needs the `mteb` extra). STSBenchmark, SICK-R and "
                  "STS12-16 run offline from --data_dir; others are fetched by mteb (or read from the HF "
@@ -109,6 +114,18 @@ def side_encoders(enc, args: argparse.Namespace) -> dict:
   return out
 
 
+def prompted_encoder(enc, args: argparse.Namespace):
+  """(prompt text, side) -> encode for `evaluate`'s task_prompts: `enc.encode(prompt=text)`, with the side's
+  --query_max_length / --document_max_length on a retrieval side."""
+
+  def make(text: str, side: str):
+    limit = {"query": args.query_max_length, "document": args.document_max_length}.get(side)
+    sided = enc.with_max_length(limit) if limit is not None and hasattr(enc, "with_max_length") else enc
+    return lambda texts: sided.encode(texts, batch_size=args.batch_size, prompt=text)
+
+  return make
+
+
 def load_encoder(path: str, args: argparse.Namespace):
   """`encode(list[str]) -> [N, D]` for a model path."""
   enc = load_sentence_encoder(path, args)
@@ -127,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
   # Not at the top: the harness imports scikit-learn, and `st5 --help` imports this module.
   from st5_jax.evaluation import evaluate, report, resolve_tasks  # pylint: disable=g-import-not-at-top
   from st5_jax.evaluation.harness import evaluate_bm25  # pylint: disable=g-import-not-at-top
+  from st5_jax.evaluation import prompts as eval_prompts  # pylint: disable=g-import-not-at-top
   from st5_jax.evaluation.sets import get_set  # pylint: disable=g-import-not-at-top
 
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -142,6 +160,12 @@ def run(args: argparse.Namespace) -> int:
   if args.baseline and not any(get_set(t).kind == "retrieval" for t in tasks):
     raise SystemExit(f"--baseline {args.baseline[0]} scores retrieval sets only, and --tasks {task_arg or '(none)'} "
                      "names none: add retrieval (or a retrieval set's name) to --tasks, or give --beir FOLDER")
+  try:
+    rules = eval_prompts.parse(args.prompt)
+    for r in rules:  # keys and sides checked before any model loads (prompt names: per model, below)
+      eval_prompts.plan([eval_prompts.Rule(r.key, r.side, eval_prompts.NONE)], tasks, {})
+  except ValueError as e:
+    raise SystemExit(str(e)) from e
   data_dir = paths.data_dir(args.data_dir) if model_paths or args.baseline else None
   if mteb_names and model_paths:
     from st5_jax import mteb as st5_mteb  # pylint: disable=g-import-not-at-top  (the optional mteb extra)
@@ -151,7 +175,12 @@ def run(args: argparse.Namespace) -> int:
   for name, path in zip(_display_names(model_paths, _split(args.name)), model_paths):
     enc = load_sentence_encoder(path, args)  # once for both harnesses
     encode = lambda texts, enc=enc: enc.encode(texts, batch_size=args.batch_size)  # noqa: E731
-    result = (evaluate(encode, tasks, data_dir, kfold=args.kfold, **side_encoders(enc, args)) if tasks
+    try:
+      task_prompts = eval_prompts.plan(rules, tasks, dict(getattr(enc, "prompts", None) or {}))
+    except ValueError as e:
+      raise SystemExit(f"{name}: {e}") from e
+    result = (evaluate(encode, tasks, data_dir, kfold=args.kfold, task_prompts=task_prompts,
+                       prompted=prompted_encoder(enc, args), **side_encoders(enc, args)) if tasks
               else {"tasks": {}, "meta": {}})
     if mteb_names:
       result["mteb"] = _run_mteb(enc, path, args, mteb_names, data_dir)

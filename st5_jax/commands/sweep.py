@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
   p.add_argument("--seeds", type=int, default=3, help="Seeds 0..N-1 per arm (TrainConfig.seed; default 3).")
   p.add_argument("--tasks", default="sts",
                  help="`st5 eval` tasks or suites for every run (default: sts, the 7 STS sets).")
+  p.add_argument("--prompt", action="append", default=[], metavar="TASK=NAME",
+                 help="As `st5 eval --prompt`: the model's prompt a task or suite encodes with (e.g. sts=query; "
+                      "repeatable).")
   p.add_argument("--select", default=None, metavar="TASK",
                  help="Pick the arm with the highest mean on this task (a dev set: STSBenchmarkDev); the "
                       "table marks the selected arm's other numbers as its test figures. Evaluated too.")
@@ -69,6 +72,12 @@ def build(args: argparse.Namespace):
     select = chosen[0]
     if select not in tasks:
       tasks.append(select)
+  from st5_jax.evaluation import prompts as eval_prompts  # pylint: disable=g-import-not-at-top
+  try:
+    for r in eval_prompts.parse(args.prompt):  # keys and sides checked before any training (names: per model)
+      eval_prompts.plan([eval_prompts.Rule(r.key, r.side, eval_prompts.NONE)], tasks, {})
+  except ValueError as e:
+    raise SystemExit(str(e)) from e
   arms = sweep.parse_arms(paths.read_text(args.arms), args.arms) if args.arms else None
   grids = [sweep.parse_grid(g) for g in args.grid]
   arm_list = sweep.expand(arms, grids)
@@ -90,6 +99,8 @@ def build(args: argparse.Namespace):
   definition = {"gin_files": list(args.gin_file), "gin": flags, "grid": args.grid, "arms_file": args.arms,
                 "arms": {a.name: list(a.bindings) for a in arm_list}, "seeds": seeds, "tasks": tasks,
                 "select": select, "command": " ".join(["st5", *sys.argv[1:]])}
+  if args.prompt:
+    definition["prompts"] = list(args.prompt)
   return runs, todo, tasks, select, definition
 
 
@@ -108,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
   eval_kwargs = {"data_dir": args.data_dir, "kfold": args.kfold, "batch_size": args.batch_size,
                  "checkpoint": args.checkpoint}
+  if args.prompt:
+    eval_kwargs["prompts"] = list(args.prompt)
   outcome = sweep.run_sweep(runs, args.out, gin_files=args.gin_file, tasks=tasks, seeds=args.seeds,
                             search_paths=args.gin_search_path, select=select, todo=todo, max_runs=args.max_runs,
                             progress=not args.no_progress, definition=definition, eval_kwargs=eval_kwargs)

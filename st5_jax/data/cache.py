@@ -13,7 +13,9 @@ feature. TFRecord framing: length, masked CRC32C of the length, data, masked CRC
 Manifest (JSON, sorted keys, no timestamps): format and format_version (`FORMAT`,
 `FORMAT_VERSION`), task, split, features (name, kind tokens|scalar, dtype, length, add_eos,
 eos_id), feature_lengths, vocabulary_sha256 (`vocabulary_sha256`), pipeline, dedup,
-decontaminated, num_shards, num_examples, shards (file, examples, bytes, sha256) and stats.
+decontaminated, num_shards, num_examples, shards (file, examples, bytes, sha256) and stats; and
+`prompts` ({task feature: text prepended before tokenising}, DataConfig.prompts) only when the cache
+was written with prompts (a manifest without the key holds none, as every cache written before them).
 
 This module is what training needs: `CacheReader` checks a cache against the task that
 reads it and reads shards record by record with checksums verified, `decode_rows` turns
@@ -35,6 +37,7 @@ import seqio
 from st5_jax import paths
 from st5_jax.batch_geometry import DataConfigError
 from st5_jax.data import convert
+from st5_jax.data import prompts as prompts_lib
 from st5_jax.data.rows import iter_tfrecord_payloads
 
 FORMAT = "st5_token_cache"
@@ -120,6 +123,13 @@ class CacheReader:
     if m["vocabulary_sha256"] != mine:
       raise CacheError(f"{where} was tokenised with vocabulary sha256 {m['vocabulary_sha256'][:12]}..., this "
                        f"run's is {mine[:12]}...; rewrite the cache with this vocabulary.")
+    tokens = [f.task_key for f in layout.features if f.is_tokens]
+    cached = {k: v for k, v in m.get("prompts", {}).items() if k in tokens}
+    mine = {k: v for k, v in prompts_lib.task_prompts(task).items() if k in tokens}
+    if cached != mine:
+      raise CacheError(f"{where} was tokenised with prompts {cached or 'none'}, this run's DataConfig.prompts give "
+                       f"{mine or 'none'}: rewrite the cache with the run's prompts (`st5 data cache --gin_file "
+                       "<the run's gin file>`, or --prompts) or set DataConfig.prompts to the cache's.")
     for f in layout.features:
       got = self.features.get(f.task_key)
       kind = "tokens" if f.is_tokens else "scalar"

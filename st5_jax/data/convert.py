@@ -28,6 +28,7 @@ import seqio
 
 from st5_jax import features as features_lib
 from st5_jax.batch_geometry import DataConfigError
+from st5_jax.data import prompts as prompts_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,13 +160,16 @@ def _is_tokenize(fn) -> bool:
 
 
 def has_standard_preprocessors(task: seqio.Task) -> bool:
-  """True when a task only tokenises and appends EOS (what TextEncoder reproduces)."""
+  """True when a task only tokenises and appends EOS, after prepending prompts or not (what TextEncoder
+  reproduces: prompts.AddPrompts, the step DataConfig.prompts adds, is prepended in Python)."""
   steps = list(task.preprocessors)
+  if steps and isinstance(steps[0], prompts_lib.AddPrompts):
+    steps = steps[1:]
   return len(steps) == 2 and _is_tokenize(steps[0]) and steps[1] is seqio.preprocessors.append_eos_after_trim
 
 
 class TextEncoder:
-  """A task's tokenize + append_eos_after_trim + padding, on blocks of text examples.
+  """A task's (prompts +) tokenize + append_eos_after_trim + padding, on blocks of text examples.
 
   Equals seqio's pipeline with DualEncoderFeatureConverter (tests/test_tasks.py checks
   it on real data) but calls SentencePiece on whole blocks from Python, which releases
@@ -177,6 +181,7 @@ class TextEncoder:
       raise DataConfigError(f"Task {task.name} has preprocessors {list(task.preprocessors)}; the NumPy path runs "
                             "only tokenize + append_eos_after_trim (other tasks go through seqio).")
     self.layout = layout
+    self.prompts = prompts_lib.task_prompts(task)
     self._features = []
     for f in layout.features:
       if not f.is_tokens:
@@ -187,7 +192,8 @@ class TextEncoder:
   def __call__(self, examples: Sequence[Mapping[str, str]]) -> dict[str, np.ndarray]:
     out = {}
     for f, vocab, eos in self._features:
-      out[f.model_key] = encode_block([ex[f.task_key] for ex in examples], vocab.tokenizer, f.length, eos)
+      texts = prompts_lib.apply([ex[f.task_key] for ex in examples], self.prompts.get(f.task_key, ""))
+      out[f.model_key] = encode_block(texts, vocab.tokenizer, f.length, eos)
     return out
 
 

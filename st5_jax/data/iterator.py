@@ -33,6 +33,7 @@ from jax.experimental import multihost_utils
 from st5_jax import batch_geometry as geometry
 from st5_jax.batch_geometry import DataConfigError
 from st5_jax.data import convert, dedup as dedup_lib, elastic, mixing, streams as streams_lib
+from st5_jax.data import prompts as prompts_lib
 from st5_jax.data.streams import get_provider  # noqa: F401  (re-exported: its old home)
 from st5_jax.data.rows import RowStats
 
@@ -180,12 +181,19 @@ class BatchIterator:
                mesh: jax.sharding.Mesh | None, data_axes: Sequence[str], seed: int, shuffle: bool, dedup: bool,
                repeat: bool, dedup_window: int, shuffle_buffer_size: int, prefetch: int = 2,
                model_feature_names: Mapping[str, str] | None = None, numpy_path: bool = True,
-               cache_dir: str | None = None):
+               cache_dir: str | None = None, prompts: Any = None):
     self.name = provider.name
     self.cache_dir = cache_dir
     self.tasks, self.rates = mixing.tasks_and_rates(provider)
     self.split = split
     self.layout = convert.batch_layout(self.tasks, feature_lengths, model_feature_names=model_feature_names)
+    # DataConfig.prompts: each task with its prompts step (prompts.py), which every stream then runs.
+    try:
+      self.prompts = prompts_lib.resolve(prompts, [t.name for t in self.tasks],
+                                         [f.task_key for f in self.layout.features if f.is_tokens])
+      self.tasks = [prompts_lib.with_prompts(t, self.prompts[t.name]) for t in self.tasks]
+    except ValueError as e:
+      raise DataConfigError(str(e)) from e
     self.feature_lengths = self.layout.token_lengths
     self.model_feature_lengths = self.layout.model_feature_lengths
     self.global_batch_size = global_batch_size
@@ -316,6 +324,8 @@ class BatchIterator:
         "tasks": [t.name for t in self.tasks], "shuffle_buffer_size": self.shuffle_buffer_size,
         "streams": {t.name: s.kind for t, s in zip(self.tasks, self._streams)},
     }
+    if any(self.prompts.values()):  # only when set: states saved before prompts existed keep matching
+      config["prompts"] = {name: p for name, p in self.prompts.items() if p}
     if self.cache_dir:  # a rewritten cache (other shards or contents) is another order
       config["caches"] = {t.name: s.cache.fingerprint for t, s in zip(self.tasks, self._streams)}
     return config
@@ -451,7 +461,7 @@ def make_train_iterator(*, task: str, feature_lengths: Mapping[str, int], global
                         shuffle: bool = True, dedup: bool = False, split: str = "train", repeat: bool = True,
                         dedup_window: int = DEFAULT_DEDUP_WINDOW, shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
                         prefetch: int = 2, model_feature_names: Mapping[str, str] | None = None,
-                        numpy_path: bool = True, cache_dir: str | None = None) -> BatchIterator:
+                        numpy_path: bool = True, cache_dir: str | None = None, prompts: Any = None) -> BatchIterator:
   """Global batches of a registered task or mixture, sharded over `data_axes` of `mesh`.
 
   Args:
@@ -483,6 +493,8 @@ def make_train_iterator(*, task: str, feature_lengths: Mapping[str, int], global
     cache_dir: read every task from its token cache <cache_dir>/<task>/<split>
       (`st5 data cache`, st5_jax.data.cache) instead of its source; each process reads
       only its own shards.
+    prompts: text prepended to task features before tokenisation (DataConfig.prompts; the forms are
+      st5_jax.data.prompts'): the same token ids on the NumPy, seqio and cache paths.
 
   Returns:
     A BatchIterator of {model feature: [B, L] token ids or [B] scalars} jax.Arrays.
@@ -496,7 +508,8 @@ def make_train_iterator(*, task: str, feature_lengths: Mapping[str, int], global
                        reader_id=assignment.reader_id, num_readers=assignment.num_readers, mesh=mesh,
                        data_axes=data_axes, seed=seed, shuffle=shuffle, dedup=dedup, repeat=repeat,
                        dedup_window=dedup_window, shuffle_buffer_size=shuffle_buffer_size, prefetch=prefetch,
-                       model_feature_names=model_feature_names, numpy_path=numpy_path, cache_dir=cache_dir)
+                       model_feature_names=model_feature_names, numpy_path=numpy_path, cache_dir=cache_dir,
+                       prompts=prompts)
 
 
 def make_local_iterator(*, task: str, feature_lengths: Mapping[str, int], batch_size: int, reader_id: int = 0,
@@ -504,7 +517,7 @@ def make_local_iterator(*, task: str, feature_lengths: Mapping[str, int], batch_
                         split: str = "train", repeat: bool = True, dedup_window: int = DEFAULT_DEDUP_WINDOW,
                         shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER, prefetch: int = 2,
                         model_feature_names: Mapping[str, str] | None = None,
-                        numpy_path: bool = True, cache_dir: str | None = None) -> BatchIterator:
+                        numpy_path: bool = True, cache_dir: str | None = None, prompts: Any = None) -> BatchIterator:
   """NumPy batches of one reader's shard: what one process contributes (benchmarks, tests, debugging)."""
   if batch_size <= 0:
     raise DataConfigError(f"batch_size must be positive, got {batch_size}.")
@@ -516,4 +529,5 @@ def make_local_iterator(*, task: str, feature_lengths: Mapping[str, int], batch_
                        reader_id=reader_id, num_readers=num_readers, mesh=None, data_axes=(), seed=seed,
                        shuffle=shuffle, dedup=dedup, repeat=repeat, dedup_window=dedup_window,
                        shuffle_buffer_size=shuffle_buffer_size, prefetch=prefetch,
-                       model_feature_names=model_feature_names, numpy_path=numpy_path, cache_dir=cache_dir)
+                       model_feature_names=model_feature_names, numpy_path=numpy_path, cache_dir=cache_dir,
+                       prompts=prompts)

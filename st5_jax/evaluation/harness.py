@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import platform
 import time
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import sklearn
@@ -21,6 +21,7 @@ from st5_jax.evaluation.cache import EmbeddingCache, Encode
 from st5_jax.evaluation.sets import SUITES, resolve_tasks  # also harness.SUITES, harness.resolve_tasks for callers
 
 log = logging.getLogger(__name__)
+ENCODE_SIDE = "encode"  # a sentence task's side in task_prompts (st5_jax.evaluation.prompts.ENCODE)
 
 
 def _sts(*, per_subset: bool) -> Callable:
@@ -129,7 +130,8 @@ def summarise(results: dict[str, dict]) -> dict:
 
 def evaluate(encode: Encode, tasks: str | Sequence[str] = "all", data_dir=None, *, kfold: int = 10,
              cache: EmbeddingCache | None = None, chunk_size: int = 4096, encode_query: Encode | None = None,
-             encode_document: Encode | None = None) -> dict:
+             encode_document: Encode | None = None, task_prompts: Mapping[str, Mapping[str, str]] | None = None,
+             prompted: Callable[[str, str], Encode] | None = None) -> dict:
   """Runs tasks and suites (sts, transfer, sentglue, geometry, retrieval, all) for one encoder.
 
   Args:
@@ -141,6 +143,9 @@ def evaluate(encode: Encode, tasks: str | Sequence[str] = "all", data_dir=None, 
     chunk_size: texts per `encode` call.
     encode_query, encode_document: the retrieval sets' query and document encoders (e.g. other max
       lengths); default `encode`.
+    task_prompts: {task: {side: prompt text}} (st5_jax.evaluation.prompts.plan: side "encode" for a sentence
+      task, "query" / "document" for a retrieval set's sides); a side named here is encoded by
+      `prompted(text, side)` (one cache per prompt and side), the others as without it.
 
   Returns:
     {"tasks": {name: {"main", "metric", ...}}, "summary": {suite: ...}, "meta": {...}}.
@@ -155,7 +160,27 @@ def evaluate(encode: Encode, tasks: str | Sequence[str] = "all", data_dir=None, 
     cache = EmbeddingCache(encode, chunk_size=chunk_size)
   sides = Sides(cache, *(EmbeddingCache(e, chunk_size=chunk_size) if e is not None else None
                          for e in (encode_query, encode_document)))
-  caches = list({id(c): c for c in (sides.shared, sides.query, sides.document)}.values())
+  task_prompts = {k: dict(v) for k, v in (task_prompts or {}).items() if k in names and v}
+  if task_prompts and prompted is None:
+    raise ValueError("evaluate: task_prompts need `prompted` (prompt text, side -> encode)")
+  prompt_caches: dict[tuple[str, str], EmbeddingCache] = {}  # (side, prompt text) -> its cache
+
+  def prompt_cache(side: str, text: str) -> EmbeddingCache:
+    if (side, text) not in prompt_caches:
+      prompt_caches[side, text] = EmbeddingCache(prompted(text, side), chunk_size=chunk_size)
+    return prompt_caches[side, text]
+
+  def task_sides(name: str) -> Sides:
+    chosen = task_prompts.get(name)
+    if not chosen:
+      return sides
+    shared = prompt_cache(ENCODE_SIDE, chosen[ENCODE_SIDE]) if ENCODE_SIDE in chosen else sides.shared
+    return Sides(shared, *(prompt_cache(side, chosen[side]) if side in chosen else getattr(sides, side)
+                           for side in ("query", "document")))
+
+  for side, text in sorted({(s_, t) for chosen in task_prompts.values() for s_, t in chosen.items()}):
+    prompt_cache(side, text)
+  caches = list({id(c): c for c in (sides.shared, sides.query, sides.document, *prompt_caches.values())}.values())
   held_before = [len(c) for c in caches]  # a caller's cache may hold texts already
   specs = {name: task(name) for name in names}
   built, load_seconds = {}, {}
@@ -163,13 +188,17 @@ def evaluate(encode: Encode, tasks: str | Sequence[str] = "all", data_dir=None, 
     t0 = time.perf_counter()
     built[name] = specs[name].build(root, kfold=kfold)
     load_seconds[name] = time.perf_counter() - t0
-  texts = [t for name, (texts, _) in built.items() if specs[name].kind == "encode" for t in texts]
-  n_new = cache.add(texts)
-  log.info("encoded %d distinct texts in %.1fs", n_new, cache.encode_seconds)
+  by_cache: dict[int, tuple[EmbeddingCache, list[str]]] = {}
+  for name, (texts, _) in built.items():
+    if specs[name].kind == "encode":
+      shared = task_sides(name).shared
+      by_cache.setdefault(id(shared), (shared, []))[1].extend(texts)
+  n_new = sum(c.add(texts) for c, texts in by_cache.values())
+  log.info("encoded %d distinct texts in %.1fs", n_new, sum(c.encode_seconds for c, _ in by_cache.values()))
   results = {}
   for name, (_, run) in built.items():
     t0 = time.perf_counter()
-    result = run(sides)
+    result = run(task_sides(name))
     result.update(suite=specs[name].suite, files=specs[name].files,
                   seconds=time.perf_counter() - t0 + load_seconds[name])
     results[name] = result
@@ -178,9 +207,11 @@ def evaluate(encode: Encode, tasks: str | Sequence[str] = "all", data_dir=None, 
   meta = {
       "data_dir": str(root), "kfold": kfold, "tasks": names,
       "n_texts": sum(len(c) - n for c, n in zip(caches, held_before)), "dim": cache.dim,
-      "encode_seconds": sides.encode_seconds, "total_seconds": time.perf_counter() - start,
+      "encode_seconds": sum(c.encode_seconds for c in caches), "total_seconds": time.perf_counter() - start,
       "numpy": np.__version__, "sklearn": sklearn.__version__, "python": platform.python_version(),
   }
+  if task_prompts:
+    meta["prompts"] = task_prompts
   return {"tasks": results, "summary": summarise(results), "meta": meta}
 
 

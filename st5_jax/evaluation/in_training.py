@@ -9,12 +9,17 @@ What is evaluated (`TrainConfig.eval_metrics`, `EarlyStopping.metric` selects am
 `stsb_dev_spearman` (STS-B dev Spearman x100) or `TASK/MEASURE` of a dev-suite retrieval
 set (`TREC-QA-dev/MRR@10`, `SemEval2016-B-dev/nDCG@10`; st5_jax/evaluation/sets.py):
 selection never sees a test split.
+
+Prompts (the model's, st5_model.prompts plus those DataConfig.prompts trained with): as `st5 eval`, STS-B dev
+encodes with the model's default prompt (none without one) and a retrieval set's queries and corpus with the
+"query" and "document" prompts; `TrainConfig.eval_prompts` chooses others per set, in `st5 eval --prompt`'s
+rules ({"STSBenchmarkDev": "query", "dev.query": "q"}; st5_jax/evaluation/prompts.py).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -23,7 +28,7 @@ from jax.sharding import Mesh
 from st5_jax import multihost, partitioning
 from st5_jax import vocab as vocab_lib
 from st5_jax.inference import length_bucket
-from st5_jax.evaluation import retrieval, sets
+from st5_jax.evaluation import prompts as prompts_lib, retrieval, sets
 from st5_jax.evaluation.sts import sts_dev_spearman
 from st5_jax.retrieval import metrics as metrics_lib
 
@@ -79,6 +84,7 @@ class ShardedEncoder:
 
 
 STSB_DEV = "stsb_dev_spearman"
+STSB_DEV_SET = "STSBenchmarkDev"  # the evaluation set STSB_DEV reads (its name in prompt rules)
 
 
 def check_metric(metric: str) -> None:
@@ -117,18 +123,29 @@ class DevEvaluator:
   """
 
   def __init__(self, encoder: ShardedEncoder, *, metrics: Sequence[str], data_dir,
-               document_encoder: ShardedEncoder | None = None):
+               document_encoder: ShardedEncoder | None = None,
+               task_prompts: Mapping[str, Mapping[str, str]] | None = None):
     for metric in metrics:
       check_metric(metric)
     self.encoder, self.metrics, self.data_dir = encoder, tuple(metrics), data_dir
     self.document_encoder = encoder if document_encoder is None else document_encoder
+    self.task_prompts = {k: dict(v) for k, v in (task_prompts or {}).items()}  # task -> {side: prompt text}
     self._data = {}  # retrieval task -> RetrievalData, read once per run
 
+  def _sides(self, params: Any, task: str) -> _Sides:
+    chosen = self.task_prompts.get(task, {})
+
+    def side(encoder, prompt):
+      return lambda texts: encoder(params, [prompt + t for t in texts] if prompt else texts)
+
+    query = chosen.get(prompts_lib.ENCODE, chosen.get("query", ""))
+    return _Sides(side(self.encoder, query), side(self.document_encoder, chosen.get("document", "")))
+
   def __call__(self, params: Any) -> dict[str, float]:
-    sides = _Sides(lambda texts: self.encoder(params, texts), lambda texts: self.document_encoder(params, texts))
     out, by_task = {}, {}
     for metric in self.metrics:
       if metric == STSB_DEV:
+        sides = self._sides(params, STSB_DEV_SET)
         out[metric] = float(sts_dev_spearman(sides.query, data_dir=self.data_dir))
         continue
       task, _, measure = metric.partition("/")
@@ -136,18 +153,21 @@ class DevEvaluator:
         if task not in self._data:
           self._data[task] = sets.SETS[task].read(self.data_dir)[1]
         measures = tuple(m.partition("/")[2] for m in self.metrics if m.partition("/")[0] == task)
-        by_task[task] = retrieval.retrieval_task(self._data[task], extra_metrics=measures)(sides)
+        by_task[task] = retrieval.retrieval_task(self._data[task], extra_metrics=measures)(self._sides(params, task))
       out[metric] = float(by_task[task][metrics_lib.parse_metric(measure).name])  # "mrr@10" -> "MRR@10"
     return out
 
 
 def dev_evaluator(encode: Callable[[Any, jax.Array], jax.Array], *, param_keys: Sequence[str], max_length: int,
                   mesh: Mesh, param_shardings: Any, vocab_file: str, batch_size: int, metrics: Sequence[str],
-                  data_dir, document: tuple[Callable[[Any, jax.Array], jax.Array], Sequence[str]] | None = None
-                  ) -> DevEvaluator:
+                  data_dir, document: tuple[Callable[[Any, jax.Array], jax.Array], Sequence[str]] | None = None,
+                  prompts: Mapping[str, str] | None = None, default_prompt_name: str | None = None,
+                  eval_prompts: Mapping[str, str] | None = None) -> DevEvaluator:
   """The trainer's evaluator: `encode(params, tokens_BxL)` (its tower in inference mode) on the run's mesh.
 
   document: (encode, param_keys) of a separate document tower (an asymmetric objective); default `encode`.
+  prompts / default_prompt_name: the model's (st5_model.prompts); eval_prompts: rules choosing among them per
+  set (TrainConfig.eval_prompts; the module docstring).
   """
   tokenizer = vocab_lib.Tokenizer(vocab_file)
 
@@ -155,5 +175,28 @@ def dev_evaluator(encode: Callable[[Any, jax.Array], jax.Array], *, param_keys: 
     return ShardedEncoder(fn, param_keys=keys, max_length=max_length, mesh=mesh, param_shardings=param_shardings,
                           tokenizer=tokenizer, batch_size=batch_size)
 
+  evaluator = _build(sharded, encode, param_keys, metrics, data_dir, document)
+  evaluator.task_prompts = dev_prompts(metrics, prompts or {}, default_prompt_name, eval_prompts)
+  return evaluator
+
+
+def _build(sharded, encode, param_keys, metrics, data_dir, document) -> DevEvaluator:
+  """The evaluator around the run's one ShardedEncoder per tower (built once per run)."""
   return DevEvaluator(sharded(encode, param_keys), metrics=metrics, data_dir=data_dir,
                       document_encoder=None if document is None else sharded(*document))
+
+
+def dev_prompts(metrics: Sequence[str], prompts: Mapping[str, str], default_prompt_name: str | None,
+                eval_prompts: Mapping[str, str] | None) -> dict[str, dict[str, str]]:
+  """{set: {side: prompt text}} of the dev sets `metrics` read: the defaults of `st5 eval`, then the rules."""
+  names = list(dict.fromkeys(STSB_DEV_SET if m == STSB_DEV else m.partition("/")[0] for m in metrics))
+  out = {}
+  for name in names:
+    if sets.SETS[name].kind == "retrieval":
+      out[name] = {side: prompts.get(side, "") for side in prompts_lib.SIDES}
+    else:
+      out[name] = {prompts_lib.ENCODE: prompts[default_prompt_name] if default_prompt_name else ""}
+  rules = prompts_lib.parse(eval_prompts, where="TrainConfig.eval_prompts")
+  for name, chosen in prompts_lib.plan(rules, names, prompts, where="TrainConfig.eval_prompts").items():
+    out[name].update(chosen)
+  return out

@@ -36,13 +36,23 @@ def train_run(run: Run, gin_files: Sequence[str], search_paths: Sequence[str], *
 
 
 def evaluate_run(run_dir: str, tasks: Sequence[str], *, data_dir: str | None = None, kfold: int = 10,
-                 batch_size: int = 64, checkpoint: str = "auto") -> dict:
-  """`st5 eval` of one work dir: the harness' output for `tasks`."""
+                 batch_size: int = 64, checkpoint: str = "auto", prompts: Sequence[str] = ()) -> dict:
+  """`st5 eval` of one work dir: the harness' output for `tasks`, with the model's prompts as `st5 eval` uses
+  them (retrieval: encode_query / encode_document) and `prompts` (`st5 eval --prompt` rules) per task."""
   from st5_jax.encoder import SentenceEncoder  # pylint: disable=g-import-not-at-top  (JAX)
-  from st5_jax.evaluation import evaluate  # pylint: disable=g-import-not-at-top
+  from st5_jax.evaluation import evaluate, prompts as eval_prompts  # pylint: disable=g-import-not-at-top
 
   enc = SentenceEncoder.load(run_dir, checkpoint=checkpoint)
-  return evaluate(lambda texts: enc.encode(texts, batch_size=batch_size), list(tasks), data_dir, kfold=kfold)
+  model_prompts = dict(getattr(enc, "prompts", None) or {})
+  extra = {}
+  if model_prompts:  # as `st5 eval`: a retrieval set's sides with the query / document prompts
+    extra = {"encode_query": lambda texts: enc.encode_query(texts, batch_size=batch_size),
+             "encode_document": lambda texts: enc.encode_document(texts, batch_size=batch_size)}
+  if prompts:
+    extra.update(task_prompts=eval_prompts.plan(eval_prompts.parse(prompts), list(tasks), model_prompts),
+                 prompted=lambda text, side: lambda texts: enc.encode(texts, batch_size=batch_size, prompt=text))
+  return evaluate(lambda texts: enc.encode(texts, batch_size=batch_size), list(tasks), data_dir, kfold=kfold,
+                  **extra)
 
 
 @dataclasses.dataclass

@@ -51,6 +51,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from st5_jax import paths
 from st5_jax.data import cache, overlap, sources as sources_lib, streams
+from st5_jax.data import prompts as prompts_lib
 from st5_jax.data import rows as rows_lib
 from st5_jax.data.offline import cache_writer
 from st5_jax.data.rows import RowFormat, RowReader, RowStats
@@ -254,6 +255,7 @@ class CachePlan:
   models: dict
   index: dict | None
   missing: tuple
+  prompts: dict = dataclasses.field(default_factory=dict)  # {feature: text} prepended before tokenising
 
   @property
   def num_shards(self) -> int:
@@ -274,9 +276,10 @@ class CachePlan:
 
 def plan_cache(task: str, split: str, out_dir: str, num_shards: int | None, feature_lengths: Mapping[str, int], *,
                dedup: bool = True, decontaminate: bool = True, sizing: cache_writer.ShardSizing | None = None,
-               split_bytes: int = SPLIT_BYTES) -> CachePlan:
-  """Resolves the task, its input, the shard count (refusing shards too big for a worker) and the side files."""
-  provider, layout = cache_writer.resolve_task(task, split, feature_lengths)
+               split_bytes: int = SPLIT_BYTES, prompts: Any = None) -> CachePlan:
+  """Resolves the task (and its prompts), its input, the shard count (refusing shards too big for a worker) and
+  the side files."""
+  provider, layout = cache_writer.resolve_task(task, split, feature_lengths, prompts)
   if num_shards is not None and num_shards < 1:
     raise cache.CacheError(f"num_shards must be at least 1, got {num_shards}.")
   if split_bytes < 1:
@@ -302,7 +305,8 @@ def plan_cache(task: str, split: str, out_dir: str, num_shards: int | None, feat
   spec = ReaderSpec.of(reader.reader) if isinstance(reader, sources_lib.FileSplit) else None
   return CachePlan(provider=provider, layout=layout, split=split, out_dir=out_dir, shards=shards, dedup=dedup,
                    units=units, spec=spec, split_bytes=split_bytes, build_stats=dict(reader.build_stats),
-                   specs=specs, models=models, index=index, missing=missing)
+                   specs=specs, models=models, index=index, missing=missing,
+                   prompts=prompts_lib.task_prompts(provider))
 
 
 def _load(path: str | None):
@@ -329,6 +333,7 @@ def build_pipeline(p, plan: CachePlan) -> None:
   from apache_beam.metrics import Metrics  # pylint: disable=g-import-not-at-top
 
   out_dir, num_shards, dedup, names, specs = plan.out_dir, plan.num_shards, plan.dedup, plan.names, plan.specs
+  prompts = dict(plan.prompts)
   index_file, models_file = plan.index_file, plan.models_file
 
   def counter(name):
@@ -372,7 +377,7 @@ def build_pipeline(p, plan: CachePlan) -> None:
       self._tokenizers = _Tokenizers(models_file)
 
     def process(self, rows):
-      data, long = cache_writer.tokenize_block([ex for _, ex in rows], specs, self._tokenizers.encode)
+      data, long = cache_writer.tokenize_block([ex for _, ex in rows], specs, self._tokenizers.encode, prompts)
       for (position, ex), record, flags in zip(rows, data, long):
         key = cache_writer.dedup_key([ex[n] for n in names])
         yield cache_writer.shard_of(key, num_shards), (key, position, record, tuple(flags))
@@ -428,7 +433,7 @@ def build_pipeline(p, plan: CachePlan) -> None:
     manifest = cache_writer.make_manifest(
         task=task_name, split=split, features=features, vocabulary_sha256=vocabulary_sha256, shards=entries,
         stats=cache_writer.cache_stats(build_stats, read.as_dict(), counts, entries, True, dropped), pipeline="beam",
-        dedup=dedup, decontaminated=decontaminated, missing_evaluation_sets=missing)
+        dedup=dedup, decontaminated=decontaminated, missing_evaluation_sets=missing, prompts=prompts)
     paths.write_bytes(paths.join(out_dir, cache.MANIFEST), cache_writer.manifest_bytes(manifest))
 
   units = p | "Units" >> beam.Create(plan.units, reshuffle=False) | "Spread" >> beam.Reshuffle()
@@ -503,17 +508,18 @@ def write_cache_beam(task: str, split: str, out_dir: str, num_shards: int | None
                      *, dedup: bool = True, decontaminate: bool = True,
                      pipeline_args: Sequence[str] = ("--runner=DirectRunner",),
                      sizing: cache_writer.ShardSizing | None = None, split_bytes: int = SPLIT_BYTES,
-                     progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                     progress: Callable[[str], None] | None = None, prompts: Any = None) -> dict[str, Any]:
   """Writes the cache of one task split with a Beam pipeline (options: Beam's flags); returns the manifest.
 
   `num_shards` None: derived from the input rows and `sizing`, as the in-memory writer does; a shard too big for
   `sizing.worker_memory_gb` is refused before anything is written (cache_writer.check_shard_memory).
+  `prompts`: as cache_writer.write_cache's.
   """
   beam = _import_beam()
   from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
 
   plan = plan_cache(task, split, out_dir, num_shards, feature_lengths, dedup=dedup, decontaminate=decontaminate,
-                    sizing=sizing, split_bytes=split_bytes)
+                    sizing=sizing, split_bytes=split_bytes, prompts=prompts)
   if progress:
     progress(f"{plan.provider.name} ({split}): {plan.shards.describe()}")
   start = time.perf_counter()

@@ -44,6 +44,7 @@ import seqio
 
 from st5_jax import paths
 from st5_jax.data import convert, feature_converters, overlap, streams
+from st5_jax.data import prompts as prompts_lib
 from st5_jax.data import sources as sources_lib
 from st5_jax.data.cache import FORMAT, FORMAT_VERSION, MANIFEST, CacheError, shard_name, vocabulary_sha256
 from st5_jax.data.rows import RowStats, _masked_crc
@@ -103,8 +104,11 @@ def shard_entry(index: int, num_shards: int, data: bytes, examples: int) -> dict
 def make_manifest(*, task: str, split: str, features: Sequence[Mapping[str, Any]], vocabulary_sha256: str,
                   shards: Sequence[Mapping[str, Any]], stats: Mapping[str, Any], pipeline: str,
                   dedup: bool, decontaminated: bool | None,
-                  missing_evaluation_sets: Sequence[str] = ()) -> dict[str, Any]:
-  return {
+                  missing_evaluation_sets: Sequence[str] = (),
+                  prompts: Mapping[str, str] | None = None) -> dict[str, Any]:
+  """The manifest (st5_jax.data.cache's docstring); `prompts` ({feature: text}) only when there are any."""
+  extra = {"prompts": dict(sorted(prompts.items()))} if prompts else {}
+  return {**extra,
       "format": FORMAT, "format_version": FORMAT_VERSION, "task": task, "split": split,
       "features": [dict(f) for f in features],
       "feature_lengths": {f["name"]: f["length"] for f in features if f["kind"] == "tokens"},
@@ -159,14 +163,17 @@ def token_specs(task: seqio.Task, layout: convert.BatchLayout) -> list[tuple[str
   return out
 
 
-def tokenize_block(examples: Sequence[Mapping[str, str]], specs, encode) -> tuple[list[bytes], list[tuple[bool, ...]]]:
+def tokenize_block(examples: Sequence[Mapping[str, str]], specs, encode, prompts: Mapping[str, str] | None = None
+                   ) -> tuple[list[bytes], list[tuple[bool, ...]]]:
   """Record bytes of examples and, per example, which features were trimmed.
 
-  `encode(feature, texts)` returns token ids per text (the feature's SentencePiece model).
+  `encode(feature, texts)` returns token ids per text (the feature's SentencePiece model); `prompts`
+  ({feature: text}, DataConfig.prompts) are prepended first, as convert.TextEncoder does.
   """
+  prompts = prompts or {}
   columns, long = {}, []
   for name, keep, add_eos, eos_id in specs:
-    ids = encode(name, [ex[name] for ex in examples])
+    ids = encode(name, prompts_lib.apply([ex[name] for ex in examples], prompts.get(name, "")))
     long.append([len(row) > keep for row in ids])
     columns[name] = [row[:keep] + ([eos_id] if add_eos else []) for row in ids]
   records = [encode_example({name: rows[i] for name, rows in columns.items()}) for i in range(len(examples))]
@@ -222,6 +229,7 @@ def _numpy_path_records(task: seqio.Task, reader: sources_lib.SplitReader, layou
   specs = token_specs(task, layout)
   names = [name for name, *_ in specs]
   vocabs = {f.task_key: task.output_features[f.task_key].vocabulary for f in layout.features}
+  prompts = prompts_lib.task_prompts(task)
 
   def encode(name, texts):
     return vocabs[name].tokenizer.encode(texts, out_type=int)
@@ -234,7 +242,7 @@ def _numpy_path_records(task: seqio.Task, reader: sources_lib.SplitReader, layou
     block: list[tuple[bytes, dict]] = []
 
     def flush():
-      data, long = tokenize_block([ex for _, ex in block], specs, encode)
+      data, long = tokenize_block([ex for _, ex in block], specs, encode, prompts)
       count_trimmed(counts, names, long)
       for (key, _), record in zip(block, data):
         yield key, record
@@ -254,7 +262,7 @@ def _numpy_path_records(task: seqio.Task, reader: sources_lib.SplitReader, layou
         if key in seen:
           counts.dropped_duplicates += 1
           if samples.wants(DUPLICATE):  # as the Beam writer shows it: the record's tokens decoded
-            samples.add(DUPLICATE, record_texts(tokenize_block([ex], specs, encode)[0][0], specs, decode))
+            samples.add(DUPLICATE, record_texts(tokenize_block([ex], specs, encode, prompts)[0][0], specs, decode))
           continue
         seen.add(key)
       block.append((key, ex))
@@ -352,7 +360,8 @@ def build_cache(task: seqio.Task, split: str, layout: convert.BatchLayout, *, nu
       vocabulary_sha256=vocabulary_sha256(task, layout), shards=entries,
       stats=cache_stats(build, stats.as_dict(), counts, entries, use_numpy, samples),
       pipeline="numpy" if use_numpy else "seqio", dedup=dedup,
-      decontaminated=decontaminated_flag(task, index is not None), missing_evaluation_sets=missing)
+      decontaminated=decontaminated_flag(task, index is not None), missing_evaluation_sets=missing,
+      prompts=prompts_lib.task_prompts(task))
   return shards, manifest
 
 
@@ -388,15 +397,22 @@ def cache_stats(build: Mapping[str, Any], read: Mapping[str, Any], counts: _Coun
   }
 
 
-def resolve_task(task: str, split: str, feature_lengths: Mapping[str, int]) -> tuple[seqio.Task,
-                                                                                   convert.BatchLayout]:
-  """The task (not a mixture) and its batch layout, or a CacheError saying why not."""
+def resolve_task(task: str, split: str, feature_lengths: Mapping[str, int], prompts: Any = None
+                 ) -> tuple[seqio.Task, convert.BatchLayout]:
+  """The task (not a mixture; with its prompts step when `prompts`, any DataConfig.prompts form for this task)
+  and its batch layout, or a CacheError saying why not."""
   provider = streams.get_provider(task)
   if isinstance(provider, seqio.Mixture):
     raise CacheError(f"{task} is a mixture; cache each of its tasks ({', '.join(t.name for t in provider.tasks)}).")
   if split not in provider.splits:
     raise CacheError(f"Task {task} has no split {split!r}; splits: {sorted(provider.splits)}.")
-  return provider, convert.batch_layout([provider], feature_lengths)
+  layout = convert.batch_layout([provider], feature_lengths)
+  try:
+    resolved = prompts_lib.resolve(prompts, [provider.name], [f.task_key for f in layout.features if f.is_tokens],
+                                   where="prompts")
+    return prompts_lib.with_prompts(provider, resolved[provider.name]), layout
+  except ValueError as e:
+    raise CacheError(str(e)) from e
 
 
 # ----------------------------------------------------------------------------- how many shards
@@ -563,13 +579,15 @@ def check_shard_memory(plan: ShardPlan) -> None:
 
 def write_cache(task: str, split: str, out_dir: str, num_shards: int | None, feature_lengths: Mapping[str, int], *,
                 dedup: bool = True, decontaminate: bool = True, numpy_path: bool = True,
-                sizing: ShardSizing | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                sizing: ShardSizing | None = None, progress: Callable[[str], None] | None = None,
+                prompts: Any = None) -> dict[str, Any]:
   """Writes the cache of one task split to `out_dir` (replaced as a whole) in memory; returns the manifest.
 
-  `num_shards` None: derived from the input rows and `sizing` (plan_shards). st5_jax.data.offline.beam_cache.
-  write_cache_beam writes the same files with Apache Beam.
+  `num_shards` None: derived from the input rows and `sizing` (plan_shards). `prompts`: prepended to the
+  features before tokenising (DataConfig.prompts' forms for this one task; recorded in the manifest).
+  st5_jax.data.offline.beam_cache.write_cache_beam writes the same files with Apache Beam.
   """
-  provider, layout = resolve_task(task, split, feature_lengths)
+  provider, layout = resolve_task(task, split, feature_lengths, prompts)
   shards, manifest = build_cache(provider, split, layout, num_shards=num_shards, dedup=dedup,
                                  decontaminate=decontaminate, numpy_path=numpy_path, sizing=sizing,
                                  progress=progress)
