@@ -15,6 +15,9 @@ POOLINGS = ("enc_first", "enc_mean", "encdec_first", "layer_attention")
 # Token read as each layer's "[CLS]" by layer_attention pooling.
 LAYER_ATTENTION_TOKENS = ("first", "eos")
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
+# Query / document towers (st5_jax/model/st5.py): one shared tower; a shared T5 with a projection per side;
+# separate T5s and projections per side (t5x_retrieval's asymmetric dual encoder, ADE).
+TOWERS = ("shared", "projection", "separate")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +73,8 @@ class ST5Config:
   # `output_hidden_states`, raw residual streams).
   layer_attention_token: str = "first"
   layer_attention_norm: bool = True
-  # Inference only (training never reads them): text prepended to every input before tokenisation, by
+  # Inference (the trainer's data prompts are DataConfig.prompts, whose query / document entries are added
+  # here when training starts: st5_jax.train.train_prompts): text prepended to every input before tokenisation, by
   # name, as sentence-transformers' `prompts` (e.g. {"query": "query: ", "document": "passage: "}; a dict
   # is accepted and stored as (name, text) pairs sorted by name), and the name `encode` uses when given
   # none (sentence-transformers' `default_prompt_name`).
@@ -80,6 +84,10 @@ class ST5Config:
   # model normalises); None keeps all output_dim. Set by `st5 export --truncate_dim` or a loaded
   # sentence-transformers folder's config, never by training.
   truncate_dim: int | None = None
+  # What the query side (`inputs`) and the document side (`targets`, hard negatives) share: "shared" (one
+  # tower), "projection" (one T5, `left_projection_layer` / `right_projection_layer`), "separate" (`left_tower/`
+  # and `right_tower/`, each a whole tower). Omitted from to_dict when "shared" (old fingerprints unchanged).
+  towers: str = "shared"
 
   def __post_init__(self):
     if self.pooling not in POOLINGS:
@@ -99,6 +107,11 @@ class ST5Config:
     if self.default_prompt_name is not None and self.default_prompt_name not in names:
       raise ValueError(f"default_prompt_name {self.default_prompt_name!r} is not one of the prompts "
                        f"({', '.join(names) or 'none defined'})")
+    if self.towers not in TOWERS:
+      raise ValueError(f"towers must be one of {TOWERS}, got {self.towers!r}")
+    if self.towers == "projection" and self.embedding_dim is None:
+      raise ValueError("towers='projection' puts a projection on each side; it needs st5_model.embedding_dim "
+                       "(the raw mode, embedding_dim=None, has none): set one or use towers='separate'")
     if self.truncate_dim is not None and not 1 <= self.truncate_dim <= self.output_dim:
       raise ValueError(f"truncate_dim must be between 1 and the embedding size {self.output_dim}, "
                        f"got {self.truncate_dim}")
@@ -118,6 +131,11 @@ class ST5Config:
     return self.truncate_dim if self.truncate_dim is not None else self.output_dim
 
   @property
+  def asymmetric(self) -> bool:
+    """True when the query and document sides encode with different parameters."""
+    return self.towers != "shared"
+
+  @property
   def prompt_dict(self) -> dict[str, str]:
     return dict(self.prompts)
 
@@ -125,11 +143,12 @@ class ST5Config:
     return dataclasses.replace(self, **kw)
 
   def to_dict(self) -> dict[str, Any]:
-    """The fields as JSON types; the inference-only ones only when set (so older configs read back unchanged
-    and a model without prompts keeps the fingerprint it had)."""
+    """The fields as JSON types; the inference-only ones and `towers` only when set (so older configs read back
+    unchanged and a model without prompts or asymmetric towers keeps the fingerprint it had)."""
     d = dataclasses.asdict(self)
     d["prompts"] = self.prompt_dict
-    for key, unset in (("prompts", {}), ("default_prompt_name", None), ("truncate_dim", None)):
+    for key, unset in (("prompts", {}), ("default_prompt_name", None), ("truncate_dim", None),
+                       ("towers", "shared")):
       if d[key] == unset:
         del d[key]
     return d

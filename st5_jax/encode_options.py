@@ -24,6 +24,11 @@
                                             False returns what the model outputs
     convert_to_numpy=False                  a list of 1-D arrays (as ST's list)
     convert_to_tensor=True                  a torch.Tensor (needs torch), as ST returns
+    task="query" / "document"               asymmetric towers (ST5Config.towers): that side's tower;
+                                            encode_query / encode_document set it. Without a task an
+                                            asymmetric model takes its default route, DEFAULT_ROUTE
+                                            ("document", as Router.for_query_document); a shared tower
+                                            ignores it
 
 The order is sentence-transformers': prompt, encode, truncate, normalize_embeddings, quantize.
 Other sentence-transformers keywords (device, output_value, ...) are refused with a TypeError
@@ -43,8 +48,19 @@ from st5_jax import quantize
 log = logging.getLogger(__name__)
 
 ST_KEYWORDS = ("batch_size", "prompt_name", "prompt", "truncate_dim", "precision", "show_progress_bar",
-               "normalize_embeddings", "convert_to_numpy", "convert_to_tensor")
-SIDES = ("query", "document")  # the prompts encode_query / encode_document use
+               "normalize_embeddings", "convert_to_numpy", "convert_to_tensor", "task")
+SIDES = ("query", "document")  # the prompts (and towers) encode_query / encode_document use
+# The side `encode` without a task uses on asymmetric towers: sentence-transformers' Router.for_query_document's.
+DEFAULT_ROUTE = "document"
+
+
+def route(config: Any, task: str | None) -> str | None:
+  """The side an encode call uses: `task`, else DEFAULT_ROUTE on asymmetric towers; None for a shared tower."""
+  if task is not None and task not in SIDES:
+    raise ValueError(f"task must be one of {SIDES} (the towers' sides), got {task!r}")
+  if not getattr(config, "asymmetric", False):
+    return None
+  return task if task is not None else DEFAULT_ROUTE
 
 
 def resolve_prompt(prompts: Mapping[str, str], default_prompt_name: str | None, prompt: str | None,
@@ -160,7 +176,8 @@ class EncodeAliases:
              prompt: str | None = None, truncate_dim: int | None = None, precision: str = "float32",
              ranges: np.ndarray | None = None, calibration_embeddings: np.ndarray | None = None,
              show_progress: bool = False, show_progress_bar: bool | None = None, normalize_embeddings: bool = False,
-             convert_to_numpy: bool = True, convert_to_tensor: bool = False, **unknown) -> Any:
+             convert_to_numpy: bool = True, convert_to_tensor: bool = False, task: str | None = None,
+             **unknown) -> Any:
     """float32 [len(texts), dim] embeddings in input order ([dim] for one string); see the module docstring.
 
     Takes sentence-transformers' keywords: prompt_name, prompt, truncate_dim, precision,
@@ -168,7 +185,10 @@ class EncodeAliases:
     quantize_embeddings' ranges / calibration_embeddings for int8 / uint8.
     """
     text = resolve_prompt(self.prompts, self.default_prompt_name, prompt, prompt_name)
-    return encode(self._encode_list, texts, batch_size, prompt=text,
+    side = route(self.config, task)
+    encode_list = self._encode_list if side is None else \
+        (lambda t, b, p: self._encode_list(t, b, p, side=side))  # noqa: E731
+    return encode(encode_list, texts, batch_size, prompt=text,
                   truncate_dim=truncate_dim if truncate_dim is not None else self.config.truncate_dim,
                   renormalise=self.config.normalize, precision=precision, ranges=ranges,
                   calibration_embeddings=calibration_embeddings, show_progress=show_progress,
@@ -179,14 +199,18 @@ class EncodeAliases:
 
   def encode_query(self, texts: str | Sequence[str], batch_size: int | None = None, *,
                    prompt_name: str | None = None, prompt: str | None = None, **kwargs) -> Any:
-    """`encode` with the model's "query" prompt (or none) when neither prompt nor prompt_name is given."""
+    """`encode` with the model's "query" prompt (or none) when neither prompt nor prompt_name is given, on the
+    query side's tower (task="query")."""
     if prompt_name is None and prompt is None:
       prompt = side_prompt(self.prompts, "query")
+    kwargs.setdefault("task", "query")
     return self.encode(texts, batch_size, prompt_name=prompt_name, prompt=prompt, **kwargs)
 
   def encode_document(self, texts: str | Sequence[str], batch_size: int | None = None, *,
                       prompt_name: str | None = None, prompt: str | None = None, **kwargs) -> Any:
-    """`encode` with the model's "document" prompt (or none) when neither prompt nor prompt_name is given."""
+    """`encode` with the model's "document" prompt (or none) when neither prompt nor prompt_name is given, on the
+    document side's tower (task="document")."""
     if prompt_name is None and prompt is None:
       prompt = side_prompt(self.prompts, "document")
+    kwargs.setdefault("task", "document")
     return self.encode(texts, batch_size, prompt_name=prompt_name, prompt=prompt, **kwargs)

@@ -5,6 +5,10 @@
     q_QxD = enc.encode_query(["what is T5?"])               # the model's "query" prompt, if it has one
     bits_NxB = enc.encode(texts, truncate_dim=64, precision="ubinary")  # 64 dims, renormalised, packed bits
 
+Asymmetric towers (ST5Config.towers): `encode_query` / `encode_document` (or `encode(..., task="query")`)
+encode with their side's tower; `encode` without a task takes the default route, the document side, as
+sentence-transformers' `Router.for_query_document` (the exported folder's Router says the same).
+
 Formats (detected): this project's work dirs and exported model folders, Hugging Face
 T5 folders (T5EncoderModel / T5ForConditionalGeneration), sentence-transformers folders,
 legacy T5X checkpoints (file or directory, local or gs://), and SavedModels written by
@@ -58,7 +62,12 @@ class SentenceEncoder(encode_options.EncodeAliases):
     self.max_batch_size = max_batch_size
     self.params = jax.device_put(jax.tree.map(jnp.asarray, params))
     model = SentenceT5(config)
-    self._apply = jax.jit(lambda p, tokens_BxL: model.apply({"params": p}, tokens_BxL))
+    self._apply = jax.jit(lambda p, tokens_BxL: model.apply({"params": p}, tokens_BxL,
+                                                            side=encode_options.route(config, None)))
+    # Asymmetric towers: one compiled encoder per side (st5_jax.encode_options.route).
+    self._apply_side = {side: jax.jit(lambda p, tokens_BxL, side=side: model.apply({"params": p}, tokens_BxL,
+                                                                                  side=side))
+                        for side in encode_options.SIDES} if config.asymmetric else {}
 
   @classmethod
   def load(cls, path: paths.PathLike, *, pooling: str | None = None, vocab: str | None = None,
@@ -106,11 +115,16 @@ class SentenceEncoder(encode_options.EncodeAliases):
   def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
     return self.tokenizer.encode(texts, max_length=self.config.max_length)
 
-  def encode_tokens(self, tokens_BxL: np.ndarray) -> np.ndarray:
-    return np.asarray(self._apply(self.params, jnp.asarray(tokens_BxL, jnp.int32)), np.float32)
+  def encode_tokens(self, tokens_BxL: np.ndarray, side: str | None = None) -> np.ndarray:
+    """float32 [B, output_dim] of `side`'s tower (asymmetric towers; default: the default route)."""
+    apply = self._apply_side[encode_options.route(self.config, side)] if self._apply_side else self._apply
+    return np.asarray(apply(self.params, jnp.asarray(tokens_BxL, jnp.int32)), np.float32)
 
-  def _encode_list(self, texts: list[str], batch_size: int | None, show_progress: bool) -> np.ndarray:
-    """float32 [len(texts), output_dim] embeddings (L2-normalised), in input order; not yet truncated."""
+  def _encode_list(self, texts: list[str], batch_size: int | None, show_progress: bool,
+                   side: str | None = None) -> np.ndarray:
+    """float32 [len(texts), output_dim] embeddings (L2-normalised) of `side`'s tower, in input order; not yet
+    truncated."""
+    apply = self._apply_side[encode_options.route(self.config, side)] if self._apply_side else self._apply
     batch_size = batch_size or self.max_batch_size
     out_NxD = np.zeros((len(texts), self.config.output_dim), np.float32)
     if not texts:
@@ -129,7 +143,7 @@ class SentenceEncoder(encode_options.EncodeAliases):
       B = max(len(idx), min(batch_size, length_bucket(len(idx), 1 << 30)))
       tokens_BxL = vocab_lib.pad_batch([rows[i] for i in idx] + [[]] * (B - len(idx)), L)
       # Dispatch this batch before fetching the previous one: the host never idles the device.
-      current = (idx, self._apply(self.params, jnp.asarray(tokens_BxL, jnp.int32)))
+      current = (idx, apply(self.params, jnp.asarray(tokens_BxL, jnp.int32)))
       if pending is not None:
         out_NxD[pending[0]] = np.asarray(pending[1], np.float32)[: len(pending[0])]
         if progress:

@@ -38,11 +38,13 @@ def st5_model(size: str = "t5_base", *, pooling: str = "enc_mean", embedding_dim
               dropout_rate: float = 0.1, scan_layers: bool = False, remat_policy: str = "none",
               layer_attention_token: str = "first", layer_attention_norm: bool = True,
               prompts: dict[str, str] | None = None, default_prompt_name: str | None = None,
-              **t5_overrides: Any) -> configs.ST5Config:
+              towers: str = "shared", **t5_overrides: Any) -> configs.ST5Config:
   """An ST5Config from a named T5 size; dtype None = bfloat16 on accelerators, float32 on CPU.
 
   `prompts` / `default_prompt_name` are saved with the model (st5_config.json, every export) for
-  inference (`encode(prompt_name=...)`, `encode_query`); training does not prepend them.
+  inference (`encode(prompt_name=...)`, `encode_query`); training prepends DataConfig.prompts (whose
+  query / document prompts are added here when the run starts: st5_jax.train.train_prompts).
+  `towers`: "shared", "projection" or "separate" query / document parameters (st5_jax/model/st5.py).
   """
   if dtype is None:
     dtype = inference.default_dtype()
@@ -51,7 +53,7 @@ def st5_model(size: str = "t5_base", *, pooling: str = "enc_mean", embedding_dim
   return configs.ST5Config(t5=t5, pooling=pooling, embedding_dim=embedding_dim, normalize=normalize,
                            max_length=max_length, layer_attention_token=layer_attention_token,
                            layer_attention_norm=layer_attention_norm, prompts=dict(prompts or {}),
-                           default_prompt_name=default_prompt_name)
+                           default_prompt_name=default_prompt_name, towers=towers)
 
 
 def register() -> None:

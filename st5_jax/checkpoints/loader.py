@@ -24,6 +24,7 @@ import jax
 from st5_jax import paths
 from st5_jax.checkpoints import hf, native, savedmodel, sentence_transformers, t5x, tree
 from st5_jax.configs import ST5Config
+from st5_jax.model import st5 as st5_model
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ def load_model(path: paths.PathLike, *, pooling: str | None = None, embedding_di
                t5_overrides: dict[str, Any] | None = None, init_missing_head: bool = False,
                head_prefixes: tuple[str, ...] = (),
                abstract_fn: Callable[[ST5Config], Any] | None = None,
-               init_fn: Callable[[ST5Config, jax.Array], Any] | None = None,
+               init_fn: Callable[[ST5Config, jax.Array], Any] | None = None, towers: str | None = None,
                ) -> tuple[ST5Config, dict[str, Any], tree.LoadReport, str]:
   """(config, numpy parameter tree, load report, format) of any supported checkpoint.
 
@@ -105,6 +106,11 @@ def load_model(path: paths.PathLike, *, pooling: str | None = None, embedding_di
   head at inference (the last layer's first token / mean, then the trained projection);
   `pooling="layer_attention"` on a checkpoint without the head is refused unless
   `init_missing_head` (the start of training, which initialises it from `rng`).
+
+  `towers` (st5_jax.configs.TOWERS; None keeps the checkpoint's): a shared checkpoint loaded into
+  asymmetric towers gives both sides the same arrays, a projection it lacks (or a fresh one) initialised
+  once and copied to both sides, so the model starts as the shared tower (as t5x_retrieval's ADE starts both
+  towers from one T5). An asymmetric checkpoint loads only into its own towers.
   """
   path = os.fspath(paths.path(path))
   fmt = detect_format(path)
@@ -115,9 +121,16 @@ def load_model(path: paths.PathLike, *, pooling: str | None = None, embedding_di
   if pooling is not None:
     changes["pooling"] = pooling
   fresh: tuple[str, ...] = ()
+  split = towers is not None and towers != config.towers
+  if split and config.towers != "shared":
+    raise ValueError(f"{path} has asymmetric towers (towers={config.towers!r}); it loads only as "
+                     f"towers={config.towers!r}, not {towers!r}")
   if fresh_projection:
+    if config.asymmetric:
+      raise ValueError(f"{path} has asymmetric towers (towers={config.towers!r}): a fresh projection "
+                       "(init_projection='fresh') is only for a shared checkpoint")
     flat = {k: v for k, v in flat.items() if not k.startswith("projection_layer/")}
-  has_projection = "projection_layer/kernel" in flat
+  has_projection = any(st5_model.is_projection_name(k) for k in flat)
   if embedding_dim != "auto":
     if has_projection and embedding_dim != config.embedding_dim:
       raise ValueError(f"{path} has a projection to {config.embedding_dim} dims; asked for {embedding_dim} "
@@ -126,7 +139,7 @@ def load_model(path: paths.PathLike, *, pooling: str | None = None, embedding_di
     if embedding_dim is not None and not has_projection:
       fresh = ("projection_layer/",)
   if changes.get("pooling", config.pooling) == "layer_attention" and not any(
-      k.startswith("layer_attention/") for k in flat):
+      st5_model.strip_tower(k).startswith("layer_attention/") for k in flat):
     if not init_missing_head:
       raise ValueError(f"{path} has no layer-attention head (it was trained with {config.pooling} pooling), "
                        "so pooling='layer_attention' would encode with random attention weights. Train one "
@@ -141,6 +154,11 @@ def load_model(path: paths.PathLike, *, pooling: str | None = None, embedding_di
                                  rng=rng if rng is not None else jax.random.PRNGKey(0),
                                  abstract_fn=(lambda: abstract_fn(config)) if abstract_fn else None,
                                  init_fn=(lambda key: init_fn(config, key)) if init_fn else None)
+  if split:  # the shared tower just assembled (fresh parts initialised once), copied to both sides
+    config = config.replace(towers=towers)
+    params, _ = tree.assemble(config, st5_model.split_towers(tree.flatten(params), towers), source=src,
+                              abstract_fn=(lambda: abstract_fn(config)) if abstract_fn else None,
+                              init_fn=(lambda key: init_fn(config, key)) if init_fn else None)
   return config, params, report, fmt
 
 

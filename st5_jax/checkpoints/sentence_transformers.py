@@ -5,6 +5,11 @@ first token), Dense (no bias, identity activation; weight `linear.weight` [out, 
 and optionally Normalize. Anything else cannot be expressed as a Sentence-T5 tower and
 is refused with the reason. config_sentence_transformers.json's prompts, default_prompt_name
 and truncate_dim are kept.
+
+A `Router` with "query" and "document" routes (what `st5 export` writes for asymmetric towers,
+st5_jax/export/sentence_transformers.py), then optionally Normalize, reads back as asymmetric towers:
+"projection" when both routes share the Transformer module, "separate" when they do not ("shared" when
+they share everything).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import numpy as np
 
 from st5_jax.checkpoints import hf
 from st5_jax.configs import ST5Config
+from st5_jax.model.st5 import SIDE_PREFIX, split_towers
 
 
 def _module_type(entry: dict[str, Any]) -> str:
@@ -40,10 +46,51 @@ def _max_seq_length(tf_dir: pathlib.Path, root: pathlib.Path, default: int = 256
   return default
 
 
+def _load_router(root: pathlib.Path, modules: list[dict[str, Any]]
+                 ) -> tuple[ST5Config, dict[str, np.ndarray], dict[str, Any]]:
+  """A query / document Router (+ Normalize) as asymmetric towers (module docstring)."""
+  kinds = [_module_type(m) for m in modules]
+  if kinds not in (["Router"], ["Router", "Normalize"]):
+    raise ValueError(f"{root}: a Router folder reads back as asymmetric Sentence-T5 towers only as "
+                     f"[Router, Normalize] or [Router], got {kinds}")
+  router_dir = root / modules[0].get("path", "")
+  router = json.loads((router_dir / "router_config.json").read_text())
+  structure = router.get("structure", {})
+  if set(structure) != {"query", "document"}:
+    raise ValueError(f"{router_dir}/router_config.json: routes {sorted(structure)}; asymmetric towers read "
+                     "exactly 'query' and 'document'")
+  sides = {}
+  for side, ids in structure.items():
+    entries = [{"type": router["types"][i], "path": str((router_dir / i).relative_to(root))} for i in ids]
+    entries += [m for m in modules if _module_type(m) == "Normalize"]
+    sides[side] = load_modules(root, entries)
+  (cq, fq, info), (cd, fd, _) = sides["query"], sides["document"]
+  if cq.replace(prompts=(), default_prompt_name=None) != cd.replace(prompts=(), default_prompt_name=None):
+    raise ValueError(f"{root}: the query and document routes differ in more than their weights ({cq} vs {cd})")
+  same_t5 = structure["query"][0] == structure["document"][0]
+  towers = "shared" if structure["query"] == structure["document"] else "projection" if same_t5 else "separate"
+  if towers == "separate":
+    flat = {f"{SIDE_PREFIX[side]}_tower/{k}": v for side, (_, f, _) in sides.items() for k, v in f.items()}
+  else:
+    flat = split_towers(fq, towers)
+    if towers == "projection":
+      flat["right_projection_layer/kernel"] = fd["projection_layer/kernel"]
+  default_route = router.get("parameters", {}).get("default_route")
+  return cq.replace(towers=towers), flat, {**info, "router_default_route": default_route}
+
+
 def load_folder(path: str | os.PathLike) -> tuple[ST5Config, dict[str, np.ndarray], dict[str, Any]]:
   """(config, T5X-named arrays including projection_layer/kernel, info) of a folder."""
   root = pathlib.Path(path)
   modules = json.loads((root / "modules.json").read_text())
+  if modules and _module_type(modules[0]) in ("Router", "Asym"):
+    return _load_router(root, modules)
+  return load_modules(root, modules)
+
+
+def load_modules(root: pathlib.Path, modules: list[dict[str, Any]]
+                 ) -> tuple[ST5Config, dict[str, np.ndarray], dict[str, Any]]:
+  """(config, arrays, info) of a [Transformer, Pooling, Dense, Normalize] module list under `root`."""
   by_type = {}
   for entry in modules:
     by_type.setdefault(_module_type(entry), []).append(root / entry.get("path", ""))

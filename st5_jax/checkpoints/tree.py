@@ -23,7 +23,9 @@ from st5_jax.model.st5 import abstract_params, init_params
 
 log = logging.getLogger(__name__)
 
-_LAYER_RE = re.compile(r"^(encoder|decoder|weak_decoder)/layers_(\d+)/(.*)$")
+# An optional tower prefix: asymmetric "separate" towers (st5_jax/model/st5.py) nest a whole tower in each.
+_STACKS = r"(?:left_tower/|right_tower/)?(?:encoder|decoder|weak_decoder)"
+_LAYER_RE = re.compile(rf"^({_STACKS})/layers_(\d+)/(.*)$")
 
 
 class ParameterMismatchError(ValueError):
@@ -89,7 +91,7 @@ def unstack_layers(flat: Mapping[str, Any]) -> dict[str, Any]:
   """Inverse of `stack_layers`: per-layer names from scanned ones."""
   out = {}
   for key, v in flat.items():
-    m = re.match(r"^(encoder|decoder|weak_decoder)/layers/(.*)$", key)
+    m = re.match(rf"^({_STACKS})/layers/(.*)$", key)
     if m:
       for i in range(v.shape[0]):
         out[f"{m[1]}/layers_{i}/{m[2]}"] = v[i]
@@ -101,7 +103,8 @@ def unstack_layers(flat: Mapping[str, Any]) -> dict[str, Any]:
 def _known_t5_name(key: str) -> bool:
   """A part this project writes: the tower's, or a training objective's head (SEED-Encoder's
   `weak_decoder`, ConSERT's `nli_classifier`), reported unused where the model lacks it."""
-  return bool(re.match(r"^(token_embedder|encoder|decoder|projection_layer|weak_decoder|layer_attention|"
+  return bool(re.match(r"^(left_tower/|right_tower/)?(token_embedder|encoder|decoder|projection_layer|"
+                       r"left_projection_layer|right_projection_layer|weak_decoder|layer_attention|"
                        r"nli_classifier)(/|$)", key))
 
 

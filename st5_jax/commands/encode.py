@@ -3,6 +3,9 @@
 `--prompt_name NAME` / `--prompt TEXT` prepend one of the model's prompts / a text to every line,
 `--truncate_dim D` keeps the first D dimensions (renormalised), `--precision` writes quantized codes
 (st5_jax.quantize); int8 / uint8 take their ranges from `--ranges` or `--calibration_embeddings`.
+`--side query` / `--side document` encode as `encode_query` / `encode_document`: that side's prompt when no
+prompt is given, and that side's tower on a model with asymmetric towers (without `--side`: the default route,
+the document tower).
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
   p.add_argument("--prompt_name", default=None, help="Prepend the model's prompt of this name to every line "
                  "(default: the model's default prompt, if it names one).")
   p.add_argument("--prompt", default=None, help="Prepend this text to every line (instead of a named prompt).")
+  p.add_argument("--side", choices=["query", "document"], default=None,
+                 help="Encode as encode_query / encode_document: the side's prompt (when no prompt is given) and, "
+                      "for asymmetric towers, the side's tower (default: encode, the document tower).")
   p.add_argument("--truncate_dim", type=int, default=None, help="Keep the first D dimensions, renormalised to "
                  "unit length when the model normalises (default: the model's truncate_dim, else all).")
   p.add_argument("--precision", choices=list(_PRECISIONS), default="float32",
@@ -77,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
   encoder = SentenceEncoder.load(args.model, pooling=args.pooling, vocab=args.vocab, max_length=args.max_length,
                                  checkpoint=args.checkpoint)
   start = time.perf_counter()
-  emb = encoder.encode(lines, batch_size=args.batch_size, show_progress=not args.no_progress,
+  encode = {"query": encoder.encode_query, "document": encoder.encode_document}.get(args.side, encoder.encode)
+  emb = encode(lines, batch_size=args.batch_size, show_progress=not args.no_progress,
                        prompt_name=args.prompt_name, prompt=args.prompt, truncate_dim=args.truncate_dim,
                        precision=args.precision, ranges=ranges, calibration_embeddings=calibration)
   elapsed = time.perf_counter() - start

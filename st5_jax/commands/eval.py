@@ -99,7 +99,8 @@ def side_encoders(enc, args: argparse.Namespace) -> dict:
   """`evaluate`'s encode_query / encode_document for --query_max_length / --document_max_length, and for a
   model with prompts (its `encode_query` / `encode_document`: the query and document prompts)."""
   out = {}
-  prompted = bool(getattr(enc, "prompts", None))
+  # A model with prompts or asymmetric towers encodes each retrieval side with its own encode_query / _document.
+  prompted = bool(getattr(enc, "prompts", None)) or getattr(getattr(enc, "config", None), "asymmetric", False)
   for side, limit in (("query", args.query_max_length), ("document", args.document_max_length)):
     if limit is None and not prompted:
       continue
@@ -121,6 +122,8 @@ def prompted_encoder(enc, args: argparse.Namespace):
   def make(text: str, side: str):
     limit = {"query": args.query_max_length, "document": args.document_max_length}.get(side)
     sided = enc.with_max_length(limit) if limit is not None and hasattr(enc, "with_max_length") else enc
+    if side in ("query", "document") and getattr(getattr(enc, "config", None), "asymmetric", False):
+      return lambda texts: sided.encode(texts, batch_size=args.batch_size, prompt=text, task=side)  # its tower
     return lambda texts: sided.encode(texts, batch_size=args.batch_size, prompt=text)
 
   return make

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                                  checkpoint=args.checkpoint, pooling=args.pooling)
   start = time.perf_counter()
   queries_QxD = index_lib.MeshEncoder(model, batch_size=args.batch_size).encode(
-      texts, prompt=index_lib.side_prompt(model, "query"))
+      texts, prompt=index_lib.side_prompt(model, "query"), side="query")
   encoded = time.perf_counter()
   method = "ann" if args.ann else "approx" if args.approx else "exact"
   scores, indices = search_lib.search_index(index, queries_QxD, args.k, method=method,

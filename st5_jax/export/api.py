@@ -86,7 +86,7 @@ def export_model(model: paths.PathLike, *, format: str, out: paths.PathLike,  # 
     size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
   end = time.perf_counter()
   summary = {"out": out_path, "format": format, "source": src.path, "source_format": src.format,
-             "pooling": src.config.pooling, "output_dim": src.config.encode_dim,
+             "pooling": src.config.pooling, "towers": src.config.towers, "output_dim": src.config.encode_dim,
              "prompts": src.config.prompt_dict, "truncate_dim": src.config.truncate_dim,
              "max_length": src.config.max_length, "num_params": num_params, "bytes": size,
              "vocab_file": src.vocab_file, "load_seconds": round(loaded - start, 2),

@@ -37,6 +37,16 @@ _POOLING_TEXT = {
 _NUMERICS = ("dtype", "scan_layers", "remat_policy", "dropout_rate")
 
 
+# ST5Config.towers, as the card's Model table says it.
+_TOWERS_TEXT = {
+    "shared": "`shared`: one tower encodes queries and documents",
+    "projection": "`projection` (asymmetric): one T5 with a projection per side; `encode_query` uses the query "
+                  "projection, `encode_document` and `encode` without a task the document one",
+    "separate": "`separate` (asymmetric): a whole tower per side (t5x_retrieval's ADE); `encode_query` uses the query "
+                "tower, `encode_document` and `encode` without a task the document one",
+}
+
+
 def size_name(t5: configs.T5Config) -> str | None:
   """The named size (configs.SIZES) with this architecture, if any."""
   strip = {f: getattr(configs.T5Config(), f) for f in _NUMERICS}
@@ -277,6 +287,7 @@ def render(info: CardInfo, *, export_format: str, name: str = ".") -> str:
            f"| Pooling | `{cfg.pooling}`: {_POOLING_TEXT[cfg.pooling]} |",
            "| Projection | " + (f"dense {cfg.t5.emb_dim} -> {cfg.embedding_dim}, no bias" if cfg.embedding_dim
                                else "none (pooled T5 outputs)") + " |",
+           *([f"| Towers | {_TOWERS_TEXT[cfg.towers]} |"] if cfg.asymmetric else []),
            f"| Normalisation | {'L2 (unit-length embeddings; dot product = cosine)' if cfg.normalize else 'none'} |",
            f"| Max sequence length | {cfg.max_length} tokens, EOS included (longer inputs are truncated) |",
            "| Tokenizer | T5 SentencePiece vocabulary; EOS (id 1) appended, padding id 0 |"]

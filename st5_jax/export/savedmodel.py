@@ -12,6 +12,13 @@ A model's prompts get a signature each (`prompt_` + the name: the prompt prepend
 takes the texts as given. A config with truncate_dim truncates (and renormalises) every output in
 the graph.
 
+Asymmetric towers (ST5Config.towers) add a signature per side, `encode_query` and `encode_document`
+(that side's tower, its "query" / "document" prompt prepended when the model has one, as
+`SentenceEncoder.encode_query` / `encode_document`), and `model.embed_query(x)` / `model.embed_document(x)`
+(texts as given). serving_default, `embed`, `encode_tokens` and the prompt signatures use the default route,
+the document tower (st5_jax.encode_options.DEFAULT_ROUTE), except `prompt_query` / `prompt_document`, which
+use their side's tower.
+
 The forward pass is `SentenceT5(config).apply` converted with jax2tf (native
 serialisation: one XlaCallModule op holding StableHLO, lowered for several platforms),
 polymorphic in batch and length. Its parameters are arguments of that op fed from
@@ -98,8 +105,8 @@ def prompt_signatures(config: ST5Config) -> dict[str, str]:
   return keys
 
 
-def _jax_forward(config: ST5Config, names: Sequence[str], platforms: Sequence[str]):
-  """The tower as a TF-callable `(list of param tensors, tokens_BxL) -> emb_BxD`."""
+def _jax_forward(config: ST5Config, names: Sequence[str], platforms: Sequence[str], side: str | None = None):
+  """The tower (of `side`, asymmetric towers) as a TF-callable `(list of param tensors, tokens_BxL) -> emb_BxD`."""
   from jax.experimental import jax2tf  # pylint: disable=g-import-not-at-top  (TensorFlow: see the note above `log`)
 
   model = SentenceT5(config)
@@ -109,7 +116,7 @@ def _jax_forward(config: ST5Config, names: Sequence[str], platforms: Sequence[st
   def forward(param_list, tokens_BxL):
     params = tree.unflatten(dict(zip(names, param_list)))
     with jax.default_matmul_precision(precision):
-      return model.apply({"params": params}, tokens_BxL)
+      return model.apply({"params": params}, tokens_BxL, side=side)
 
   return jax2tf.convert(forward, polymorphic_shapes=[None, "(b, l)"], with_gradient=False,
                         native_serialization_platforms=tuple(platforms))
@@ -120,7 +127,10 @@ def _build_module(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], n
   import tensorflow as tf  # pylint: disable=g-import-not-at-top  (TensorFlow: see the note above `log`)
   import tensorflow_text as tf_text  # pylint: disable=g-import-not-at-top  (TensorFlow: see the note above `log`)
 
-  forward = _jax_forward(config, names, platforms)
+  route = encode_options.route(config, None)  # None for a shared tower, else the default route's side
+  forwards = {side: _jax_forward(config, names, platforms, side)
+              for side in (encode_options.SIDES if config.asymmetric else (None,))}
+  forward = forwards[route]
   dim = config.encode_dim  # truncate_dim when the config sets one
   truncated = config.truncate_dim is not None and config.truncate_dim < config.output_dim
   max_length = config.max_length
@@ -170,24 +180,48 @@ def _build_module(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], n
       padded_len = tf.reduce_min(tf.where(bucket_lengths >= longest, bucket_lengths, max_length))
       return tokens.to_tensor(default_value=0, shape=tf.stack([batch, padded_len]))
 
-    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None, None], tf.int32, name=TOKENS_KEY)])
-    def encode_tokens(self, tokens):
-      """float32 [batch, D] from tokens (pad 0, EOS-terminated, at least one row); D = truncate_dim if set."""
-      emb = forward(self.params, tokens)
+    def _encode_tokens(self, tokens, side):
+      emb = forwards[side](self.params, tokens)
       if truncated:  # the first truncate_dim dimensions, renormalised when the model normalises
         emb = emb[:, :dim]
         if config.normalize:
           emb = emb / tf.maximum(tf.norm(emb, axis=1, keepdims=True), 1e-12)
       return tf.ensure_shape(emb, [None, dim])
 
+    def _embed(self, inputs, side):
+      tokens = self.tokenize(inputs)
+      # The converted function assumes batch >= 1 (shape polymorphism's default).
+      emb = tf.cond(tf.shape(tokens)[0] > 0, lambda: self._encode_tokens(tokens, side),
+                    lambda: tf.zeros([0, dim], tf.float32))
+      return tf.ensure_shape(emb, [None, dim])
+
+    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None, None], tf.int32, name=TOKENS_KEY)])
+    def encode_tokens(self, tokens):
+      """float32 [batch, D] from tokens (pad 0, EOS-terminated, at least one row); D = truncate_dim if set."""
+      return self._encode_tokens(tokens, route)
+
     @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_KEY)])
     def embed(self, inputs):
       """float32 [batch, D] of the texts as given (no prompt prepended)."""
-      tokens = self.tokenize(inputs)
-      # The converted function assumes batch >= 1 (shape polymorphism's default).
-      emb = tf.cond(tf.shape(tokens)[0] > 0, lambda: self.encode_tokens(tokens),
-                    lambda: tf.zeros([0, dim], tf.float32))
-      return tf.ensure_shape(emb, [None, dim])
+      return self._embed(inputs, route)
+
+    def side_embed(self, side: str):
+      """Asymmetric towers: float32 [batch, D] of `side`'s tower, texts as given."""
+
+      @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_KEY)])
+      def embed_side(inputs):
+        return self._embed(inputs, side)
+
+      return embed_side
+
+    def side_signature(self, side: str, prompt: str):
+      """Asymmetric towers: a serving function of `side`'s tower that prepends `prompt`."""
+
+      @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_KEY)])
+      def serve_side(inputs):
+        return {OUTPUT_KEY: self._embed(_with_prompt(prompt, inputs), side)}
+
+      return serve_side
 
     @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_KEY)])
     def __call__(self, inputs):
@@ -198,8 +232,10 @@ def _build_module(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], n
     def serve(self, inputs):
       return {OUTPUT_KEY: self.__call__(inputs)[0]}
 
-    def prompt_signature(self, prompt: str):
-      """A serving function that prepends `prompt` to its inputs."""
+    def prompt_signature(self, prompt: str, side: str | None = None):
+      """A serving function that prepends `prompt` to its inputs (on `side`'s tower, asymmetric towers)."""
+      if side is not None:
+        return self.side_signature(side, prompt)
 
       @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_KEY)])
       def serve_prompt(inputs):
@@ -215,7 +251,11 @@ def _build_module(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], n
     def serve_encode_tokens(self, tokens):
       return {OUTPUT_KEY: self.encode_tokens(tokens)}
 
-  return SentenceT5Module()
+  module = SentenceT5Module()
+  if config.asymmetric:  # saved attributes: model.embed_query / model.embed_document
+    module.embed_query = module.side_embed("query")
+    module.embed_document = module.side_embed("document")
+  return module
 
 
 def export(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], vocab_file: str,
@@ -246,11 +286,17 @@ def export(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], vocab_fi
                      f"unexpected {extra}, shapes {bad}")
   vocab_proto = _check_vocab(vocab_file, config)
   prompt_keys = prompt_signatures(config)
+  side_keys = {f"encode_{side}": side for side in encode_options.SIDES} if config.asymmetric else {}
+  clash = sorted(set(side_keys) & set(prompt_keys))
+  if clash:
+    raise ValueError(f"a prompt's signature {clash[0]!r} would replace the asymmetric towers' side signature; "
+                     "rename the prompt")
   shapes = [list(expected[k]) for k in names]
   meta = {"format_version": FORMAT_VERSION, "param_names": names, "param_shapes": shapes,
           "output_dim": config.encode_dim, "max_length": config.max_length, "pooling": config.pooling,
-          "platforms": list(platforms), "signatures": [*BUILTIN_SIGNATURES, *prompt_keys],
-          "prompt_signatures": prompt_keys, "default_prompt_name": config.default_prompt_name,
+          "platforms": list(platforms), "signatures": [*BUILTIN_SIGNATURES, *side_keys, *prompt_keys],
+          "prompt_signatures": prompt_keys, **({"side_signatures": side_keys} if side_keys else {}),
+          "default_prompt_name": config.default_prompt_name,
           "truncate_dim": config.truncate_dim,
           "input_key": INPUT_KEY, "output_key": OUTPUT_KEY, **dict(metadata or {})}
   start = time.perf_counter()
@@ -268,8 +314,12 @@ def export(*, config: ST5Config, flat: MutableMapping[str, np.ndarray], vocab_fi
     signatures = {"serving_default": module.serve.get_concrete_function(),
                   "tokenize": module.serve_tokenize.get_concrete_function(),
                   "encode_tokens": module.serve_encode_tokens.get_concrete_function()}
+    for key, side in side_keys.items():
+      signatures[key] = module.side_signature(side, encode_options.side_prompt(config.prompt_dict, side)
+                                              ).get_concrete_function()
     for key, name in prompt_keys.items():
-      signatures[key] = module.prompt_signature(config.prompt_dict[name]).get_concrete_function()
+      side = name if config.asymmetric and name in encode_options.SIDES else None
+      signatures[key] = module.prompt_signature(config.prompt_dict[name], side).get_concrete_function()
     traced = time.perf_counter()
     tf.saved_model.save(module, str(tmp), signatures=signatures)
     del module
@@ -325,10 +375,14 @@ class SavedModelEncoder(encode_options.EncodeAliases):
   def encode_tokens(self, tokens_BxL: np.ndarray) -> np.ndarray:
     return self.model.encode_tokens(self._tf.constant(tokens_BxL, self._tf.int32)).numpy()
 
-  def _encode_list(self, texts: list[str], batch_size: int | None, show_progress: bool) -> np.ndarray:
-    """float32 [len(texts), dim] embeddings of the texts as given (no default prompt), in input order."""
+  def _encode_list(self, texts: list[str], batch_size: int | None, show_progress: bool,
+                   side: str | None = None) -> np.ndarray:
+    """float32 [len(texts), dim] embeddings of the texts as given (no default prompt), in input order; `side`:
+    that side's tower (asymmetric towers)."""
     # Exports before prompts (2026-12-05) have no `embed`; their __call__ adds no prompt either.
     embed = getattr(self.model, "embed", None) or (lambda batch: self.model(batch)[0])
+    if side is not None:
+      embed = getattr(self.model, f"embed_{side}")
     batch_size = batch_size or self.max_batch_size
     out_NxD = np.zeros((len(texts), self.dim), np.float32)
     # Characters approximate token counts well enough to keep padding low.

@@ -10,6 +10,7 @@ import numpy as np
 from st5_jax import paths
 from st5_jax.checkpoints import loader, tree
 from st5_jax.configs import ST5Config
+from st5_jax.model.st5 import strip_tower
 
 
 @dataclasses.dataclass
@@ -44,7 +45,7 @@ def remove_layer_attention(src: ExportSource, *, pooling: str = LAYER_ATTENTION_
     raise ValueError(f"{src.path} is not a layer_attention model (pooling {src.config.pooling})")
   if pooling not in ("enc_first", "enc_mean"):
     raise ValueError(f"a removed layer-attention head leaves enc_first or enc_mean pooling, not {pooling!r}")
-  flat = {k: v for k, v in src.flat.items() if not k.startswith("layer_attention/")}
+  flat = {k: v for k, v in src.flat.items() if not strip_tower(k).startswith("layer_attention/")}
   return dataclasses.replace(src, config=src.config.replace(pooling=pooling), flat=flat,
                              trained_pooling="layer_attention")
 
@@ -67,6 +68,6 @@ def load_source(path: paths.PathLike, *, vocab: str | None = None, pooling: str 
   del params
   vocab_file = loader.resolve_vocab(path, fmt, vocab)
   step = loader.model_step(path, fmt)
-  head_removed = any(k.startswith("layer_attention/") for k in report.unused)
+  head_removed = any(strip_tower(k).startswith("layer_attention/") for k in report.unused)
   return ExportSource(path=path, format=fmt, config=config, flat=flat, vocab_file=vocab_file, step=step,
                       trained_pooling="layer_attention" if head_removed else None)

@@ -51,9 +51,10 @@ class AlignUniform(Objective):
 
     def loss_fn(params, batch, key):
       k_left, k_right = jax.random.split(key)
-      embed = lambda tokens, k: model.apply({"params": rebox(boxed_params, params)}, tokens,  # noqa: E731
-                                            deterministic=False, rngs={"dropout": k})
-      u_BxD, v_BxD = embed(batch[LEFT], k_left), embed(batch[RIGHT], k_right)
+      side_kw = (lambda side: {"side": side}) if model_config.asymmetric else (lambda side: {})  # noqa: E731
+      embed = lambda tokens, k, side: model.apply({"params": rebox(boxed_params, params)}, tokens,  # noqa: E731
+                                                  deterministic=False, rngs={"dropout": k}, **side_kw(side))
+      u_BxD, v_BxD = embed(batch[LEFT], k_left, "query"), embed(batch[RIGHT], k_right, "document")
       align = losses.alignment(u_BxD, v_BxD)
       uniform = 0.5 * (losses.uniformity(u_BxD) + losses.uniformity(v_BxD))
       loss = align + self.weight * uniform

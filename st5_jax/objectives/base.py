@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from st5_jax import paths
 from st5_jax.checkpoints import loader, native
 from st5_jax.configs import ST5Config
-from st5_jax.model.st5 import SentenceT5
+from st5_jax.model.st5 import SentenceT5, side_param_keys
 from st5_jax.model.st5 import abstract_params as tower_abstract_params
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,14 @@ def numerics(model_config: ST5Config) -> dict[str, Any]:
   return dict(dtype=t.dtype, dropout_rate=t.dropout_rate, scan_layers=t.scan_layers, remat_policy=t.remat_policy)
 
 
+def refuse_asymmetric(objective: "Objective", model_config: ST5Config) -> None:
+  """ObjectiveConfigError for asymmetric towers, in an objective that trains one shared tower."""
+  if model_config.asymmetric:
+    raise ObjectiveConfigError(f"{type(objective).__name__} trains one shared tower; st5_model.towers = "
+                               f"{model_config.towers!r} (asymmetric towers) is for @Contrastive(), @Distill() and "
+                               "@AlignUniform(): set st5_model.towers = 'shared'")
+
+
 def check_same_architecture(path: str, fmt: str, loaded_t5, model_config: ST5Config) -> None:
   """Refuses a checkpoint whose T5 architecture differs from the run's (numerics may differ)."""
   t = model_config.t5
@@ -148,7 +156,7 @@ class Objective:
     loaded_cfg, params, report, fmt = loader.load_model(
         path, pooling=model_config.pooling, embedding_dim=model_config.embedding_dim,
         fresh_projection=fresh_projection, rng=rng, t5_overrides=numerics(model_config), init_missing_head=True,
-        head_prefixes=self.head_prefixes,
+        head_prefixes=self.head_prefixes, towers=model_config.towers,
         abstract_fn=(lambda cfg: self.abstract_params(cfg)) if self.head_prefixes else None,
         init_fn=(lambda cfg, key: self.init_params(cfg, key)) if self.head_prefixes else None)
     check_same_architecture(path, fmt, loaded_cfg.t5, model_config)
@@ -174,9 +182,12 @@ class Objective:
     """The towers that encode at inference, by side (SIDES): here one shared `SentenceT5` without dropout.
 
     The trainer's in-training evaluation encodes with them; an objective whose inference
-    model differs (asymmetric towers, a removable head) overrides this.
+    model differs (a removable head) overrides this. Asymmetric towers (ST5Config.towers) give each side
+    its own tower: `SentenceT5(cfg, side=side)` on that side's parameters.
     """
     cfg = model_config.replace(t5=model_config.t5.replace(dropout_rate=0.0))
+    if cfg.asymmetric:
+      return {side: InferenceTower(SentenceT5(cfg, side=side), side_param_keys(cfg, side)) for side in SIDES}
     tower = InferenceTower(SentenceT5(cfg), tuple(tower_abstract_params(cfg)))
     return {side: tower for side in SIDES}
 

@@ -17,6 +17,10 @@ same loss on the first d dimensions of every tower's embedding, re-normalised, f
 and summed (st5_jax.losses.matryoshka_loss), so a shipped model's embeddings can be cut to any of
 those sizes. It sits inside the loss over embeddings, so it holds with hard negatives, in both
 directions, with SimCSE's loss and with GradCache. gin: `gin/objectives/matryoshka.gin`.
+
+Asymmetric towers (ST5Config.towers, st5_jax/model/st5.py): LEFT encodes with the query side, RIGHT and
+every hard negative with the document side (`make_embed`, `tower_side`), also under GradCache; the bidirectional
+loss then scores document-side positives against query-side queries in both directions.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import jax.numpy as jnp
 from st5_jax import flops, losses
 from st5_jax.configs import ST5Config
 from st5_jax.features import LEFT, MAX_NEGATIVES, NEGATIVE_TARGETS, RIGHT, RIGHT_NEG, negative_features
-from st5_jax.model.st5 import SentenceT5
+from st5_jax.model.st5 import SIDES, SentenceT5
 from st5_jax.objectives import grad_cache
 from st5_jax.objectives.base import Feature, Objective, ObjectiveConfigError, ValueAndGrad, rebox, register
 
@@ -42,17 +46,40 @@ LOSSES = ("st5", "simcse")
 EmbedFn = Callable[[Any, Array, Array], Array]
 
 
-def make_embed_fn(model: SentenceT5, boxed_params: Any | None = None) -> EmbedFn:
-  """The training-mode tower; `boxed_params` re-boxes the parameters (st5_jax.objectives.base.rebox)."""
+def make_embed_fn(model: SentenceT5, boxed_params: Any | None = None, side: str | None = None) -> EmbedFn:
+  """The training-mode tower (of `side`, for asymmetric towers); `boxed_params` re-boxes the parameters
+  (st5_jax.objectives.base.rebox)."""
+  side_kw = {} if side is None else {"side": side}
 
   def embed(params, tokens_BxL, key):
     return model.apply({"params": rebox(boxed_params, params)}, tokens_BxL, deterministic=False,
-                       rngs={"dropout": key})
+                       rngs={"dropout": key}, **side_kw)
 
   return embed
 
 
-def embed_towers(embed: EmbedFn, params: Any, tokens: Mapping[str, Array], key: Array) -> dict[str, Array]:
+def make_embed(model: SentenceT5, boxed_params: Any | None, model_config: ST5Config) -> EmbedFn | dict[str, EmbedFn]:
+  """The training-mode tower: one EmbedFn for a shared tower, {side: EmbedFn} for asymmetric towers (a stand-in
+  tower with no config, model_config None, is shared)."""
+  if not getattr(model_config, "asymmetric", False):
+    return make_embed_fn(model, boxed_params)
+  return {side: make_embed_fn(model, boxed_params, side) for side in SIDES}
+
+
+def tower_side(feature: str) -> str:
+  """The side a batch feature encodes with: LEFT the query side, RIGHT and the negatives the document side."""
+  return "query" if feature == LEFT else "document"
+
+
+def by_feature(embed: EmbedFn | Mapping[str, EmbedFn], features: Sequence[str]) -> EmbedFn | dict[str, EmbedFn]:
+  """`embed` as grad_cache.value_and_grad takes it: unchanged for a shared tower, else {feature: its side's}."""
+  if callable(embed):
+    return embed
+  return {f: embed[tower_side(f)] for f in features}
+
+
+def embed_towers(embed: EmbedFn | Mapping[str, EmbedFn], params: Any, tokens: Mapping[str, Array],
+                 key: Array) -> dict[str, Array]:
   """Embeddings of every tower (side -> tokens [B, L]) with one forward per distinct token shape.
 
   The towers share their weights, so sides of the same shape go through the model as one
@@ -61,7 +88,17 @@ def embed_towers(embed: EmbedFn, params: Any, tokens: Mapping[str, Array], key: 
   on axis 1 ([B, k, L] -> [B*k, L]), so each device's rows of the merged batch are its own
   rows of every tower: no data movement on a batch-sharded mesh. Rows are independent,
   so this equals one forward per tower (dropout masks come from one key per group).
+
+  `embed` by side (asymmetric towers, `make_embed`): one group per side and shape, each through its side.
   """
+  if not callable(embed):
+    keys = jax.random.split(key, len(SIDES))
+    out = {}
+    for side, k in zip(SIDES, keys):
+      mine = {f: t for f, t in tokens.items() if tower_side(f) == side}
+      if mine:
+        out.update(embed_towers(embed[side], params, mine, k))
+    return out
   groups: dict[tuple[int, ...], list[str]] = {}
   for side, t in tokens.items():
     groups.setdefault(tuple(t.shape), []).append(side)
@@ -110,8 +147,8 @@ def in_batch_loss(emb: Mapping[str, Array], negatives: list[str], loss_kw: Mappi
   return losses.matryoshka_loss(loss_on, towers, dims=dims, weights=weights)
 
 
-def grad_cache_value_and_grad(embed: EmbedFn, params: Any, batch: Mapping[str, Array], key: Array, *, chunks: int,
-                              loss_kw: Mapping[str, Any], num_negatives: int = 1,
+def grad_cache_value_and_grad(embed: EmbedFn | Mapping[str, EmbedFn], params: Any, batch: Mapping[str, Array],
+                              key: Array, *, chunks: int, loss_kw: Mapping[str, Any], num_negatives: int = 1,
                               matryoshka: Sequence[tuple[int, float]] = ()) -> tuple[tuple[Array, dict], Any]:
   """GradCache (st5_jax/objectives/grad_cache.py) of the in-batch softmax loss: one key per side.
 
@@ -127,8 +164,8 @@ def grad_cache_value_and_grad(embed: EmbedFn, params: Any, batch: Mapping[str, A
     del params_, batch_
     return in_batch_loss(e, negatives, loss_kw, matryoshka)
 
-  return grad_cache.value_and_grad(embed, loss_on, params, batch, {s: (batch[s], side_keys[s]) for s in sides},
-                                   chunks=chunks)
+  return grad_cache.value_and_grad(by_feature(embed, sides), loss_on, params, batch,
+                                   {s: (batch[s], side_keys[s]) for s in sides}, chunks=chunks)
 
 
 def negative_lengths(lengths: Mapping[str, int], num_negatives: int = 1) -> list[tuple[str, str]]:
@@ -239,7 +276,7 @@ class Contrastive(Objective):
     return out
 
   def make_value_and_grad(self, model, boxed_params, model_config, train_config) -> ValueAndGrad:
-    embed = make_embed_fn(model, boxed_params)
+    embed = make_embed(model, boxed_params, model_config)
     loss_kw, matryoshka = self.loss_kwargs(), self.matryoshka()
     chunks, K = train_config.grad_cache_chunks, self.num_negatives
 

@@ -45,19 +45,21 @@ def merge(x):
   return x.swapaxes(0, 1).reshape(C * b, *x.shape[2:])
 
 
-def value_and_grad(embed: EmbedFn, loss_on: LossOnEmbeddings, params: Any, batch: Mapping[str, Array],
-                   towers: Mapping[str, tuple[Any, Array]], *, chunks: int) -> tuple[tuple[Array, dict], Any]:
+def value_and_grad(embed: EmbedFn | Mapping[str, EmbedFn], loss_on: LossOnEmbeddings, params: Any,
+                   batch: Mapping[str, Array], towers: Mapping[str, tuple[Any, Array]], *, chunks: int) -> tuple[tuple[Array, dict], Any]:
   """((loss, metrics), grads) of `loss_on` over the towers' embeddings, computed chunk by chunk.
 
   towers: {name: (inputs, dropout key)}; each chunk of a tower gets its own key from
-  `jax.random.split(key, chunks)`, in steps 1 and 3 alike.
+  `jax.random.split(key, chunks)`, in steps 1 and 3 alike. `embed`: one EmbedFn, or one per tower name
+  (asymmetric towers: each side its own parameters).
   """
+  embed_of = dict(embed) if isinstance(embed, Mapping) else {name: embed for name in towers}
   parts = {name: (jax.tree.map(lambda x: split(x, chunks), inputs), jax.random.split(k, chunks))
            for name, (inputs, k) in towers.items()}
 
   # 1. Embeddings of every chunk, no activations kept.
   frozen = jax.lax.stop_gradient(params)
-  embs = {name: merge(jax.lax.map(lambda a: embed(frozen, *a), part)) for name, part in parts.items()}
+  embs = {name: merge(jax.lax.map(lambda a, f=embed_of[name]: f(frozen, *a), part)) for name, part in parts.items()}
 
   # 2. Loss on the full batch; its gradient w.r.t. the embeddings and the parameters it reads itself.
   (loss, metrics), (emb_grads, grads) = jax.value_and_grad(loss_on, argnums=(0, 1), has_aux=True)(
@@ -65,9 +67,9 @@ def value_and_grad(embed: EmbedFn, loss_on: LossOnEmbeddings, params: Any, batch
 
   # 3. Chunk-wise backward: vjp of each chunk's embedding with its slice of the gradient.
   for name, part in parts.items():
-    def body(acc, a):
+    def body(acc, a, f=embed_of[name]):
       inputs_b, k, g_bxD = a
-      _, vjp = jax.vjp(lambda p: embed(p, inputs_b, k), params)
+      _, vjp = jax.vjp(lambda p: f(p, inputs_b, k), params)
       (g_params,) = vjp(g_bxD)
       return jax.tree.map(jnp.add, acc, g_params), None
 

@@ -173,14 +173,17 @@ def choose_param_sharding(requested: str, params: Any, devices: Sequence[Any]) -
 
 
 @functools.lru_cache(maxsize=8)
-def _encode_fn(config: Any, mesh: Any) -> Callable:
-  """The jitted tower for a config on a mesh, shared by every MeshEncoder of them (one compile per bucket)."""
+def _encode_fn(config: Any, mesh: Any, side: str | None = None) -> Callable:
+  """The jitted tower for a config on a mesh, shared by every MeshEncoder of them (one compile per bucket).
+
+  `side` ("query" / "document") picks the tower of a model with asymmetric towers; a shared tower ignores it.
+  """
   import jax  # pylint: disable=g-import-not-at-top
 
   from st5_jax import partitioning  # pylint: disable=g-import-not-at-top
   from st5_jax.model.st5 import SentenceT5  # pylint: disable=g-import-not-at-top
 
-  module = SentenceT5(config)
+  module = SentenceT5(config, side=side if config.asymmetric else None)
 
   def encode(params, tokens_BxL):
     with partitioning.with_rules():
@@ -219,13 +222,19 @@ class MeshEncoder:
     self.tokenizer = model.tokenizer
     self.config = model.config
     self.dim = model.config.encode_dim  # truncate_dim when the model has one
-    self._apply = _encode_fn(model.config, self.mesh)
+    if model.config.asymmetric:
+      log.info("%s has asymmetric towers (%s): queries and documents encode with their own", model.path,
+               model.config.towers)
 
   def describe(self) -> str:
     return f"{self.param_sharding} over {self.mesh.devices.size} {self.mesh.devices.flat[0].platform} device(s)"
 
-  def encode(self, texts: Sequence[str], *, prompt: str = "") -> np.ndarray:
-    """float32 [len(texts), D] in input order; `prompt` is prepended to every text (st5_jax.encode_options)."""
+  def encode(self, texts: Sequence[str], *, prompt: str = "", side: str = "document") -> np.ndarray:
+    """float32 [len(texts), D] in input order; `prompt` is prepended to every text (st5_jax.encode_options).
+
+    `side`: the tower of a model with asymmetric towers ("query" or "document", as sentence-transformers'
+    Router defaults to the document route); a shared tower ignores it.
+    """
     import jax  # pylint: disable=g-import-not-at-top
 
     from st5_jax import encode_options  # pylint: disable=g-import-not-at-top
@@ -239,12 +248,13 @@ class MeshEncoder:
     order = np.argsort([-len(r) for r in rows], kind="stable")
     B = self.batch_size
     pending = None  # (rows, device result) of the batch in flight
+    apply = _encode_fn(self.config, self.mesh, side if self.config.asymmetric else None)
     with jax.set_mesh(self.mesh):
       for start in range(0, len(rows), B):
         idx = order[start:start + B]
         L = encode_length_bucket(max(len(rows[i]) for i in idx), self.max_length)
         tokens_BxL = vocab_lib.pad_batch([rows[i] for i in idx] + [[]] * (B - len(idx)), L)
-        current = (idx, self._apply(self.params, jax.device_put(tokens_BxL, self._batch_sharding)))
+        current = (idx, apply(self.params, jax.device_put(tokens_BxL, self._batch_sharding)))
         if pending is not None:  # fetched after the next batch is dispatched: the device never waits on the host
           out_NxD[pending[0]] = np.asarray(pending[1], np.float32)[: len(pending[0])]
         pending = current
@@ -420,7 +430,7 @@ def build_index(model: str, corpus: Sequence[str], out: str, *, shard_size: int 
     prompt = side_prompt(loaded, "document")
     for s, ids, texts in corpus_files.iter_shards(scan, shard_size, todo):
       start = time.perf_counter()
-      emb_NxD = encoder.encode(texts, prompt=prompt)
+      emb_NxD = encoder.encode(texts, prompt=prompt, side="document")
       _write_shard(out, s, ids, emb_NxD, ident)
       seconds = time.perf_counter() - start
       report.encoded.append(s)

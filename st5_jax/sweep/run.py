@@ -45,12 +45,15 @@ def evaluate_run(run_dir: str, tasks: Sequence[str], *, data_dir: str | None = N
   enc = SentenceEncoder.load(run_dir, checkpoint=checkpoint)
   model_prompts = dict(getattr(enc, "prompts", None) or {})
   extra = {}
-  if model_prompts:  # as `st5 eval`: a retrieval set's sides with the query / document prompts
+  asymmetric = getattr(getattr(enc, "config", None), "asymmetric", False)
+  if model_prompts or asymmetric:  # as `st5 eval`: a retrieval set's sides with their prompts (and towers)
     extra = {"encode_query": lambda texts: enc.encode_query(texts, batch_size=batch_size),
              "encode_document": lambda texts: enc.encode_document(texts, batch_size=batch_size)}
   if prompts:
     extra.update(task_prompts=eval_prompts.plan(eval_prompts.parse(prompts), list(tasks), model_prompts),
-                 prompted=lambda text, side: lambda texts: enc.encode(texts, batch_size=batch_size, prompt=text))
+                 prompted=lambda text, side: lambda texts: enc.encode(
+                     texts, batch_size=batch_size, prompt=text,
+                     **({"task": side} if asymmetric and side in ("query", "document") else {})))
   return evaluate(lambda texts: enc.encode(texts, batch_size=batch_size), list(tasks), data_dir, kfold=kfold,
                   **extra)
 

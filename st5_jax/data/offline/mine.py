@@ -389,11 +389,11 @@ class DenseScorer:
             depth: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     from st5_jax.retrieval import search  # pylint: disable=g-import-not-at-top
 
-    q_QxD = self.encoder.encode(list(queries))
+    q_QxD = self.encoder.encode(list(queries), side="query")
     scores_QxR, indices_QxR = search.search_index(self.index, q_QxD, depth, method="exact",
                                                   devices=list(self.encoder.mesh.devices.flat))
     flat = [p for pos in positives for p in pos]
-    p_PxD = self.encoder.encode(flat)
+    p_PxD = self.encoder.encode(flat, side="document")
     out, start = [], 0
     for q, (s_R, i_R, pos) in enumerate(zip(scores_QxR, indices_QxR, positives)):
       pos_P = p_PxD[start:start + len(pos)] @ q_QxD[q]

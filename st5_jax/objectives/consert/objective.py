@@ -39,7 +39,8 @@ from st5_jax import flops, losses
 from st5_jax.configs import ST5Config
 from st5_jax.features import LABELS, LEFT, RIGHT
 from st5_jax.objectives import grad_cache
-from st5_jax.objectives.base import Feature, Objective, ObjectiveConfigError, ValueAndGrad, rebox, register
+from st5_jax.objectives.base import (Feature, Objective, ObjectiveConfigError, ValueAndGrad, rebox, refuse_asymmetric,
+                                     register)
 from st5_jax.objectives.consert import augment
 from st5_jax.objectives.consert.model import ConsertTower
 
@@ -299,6 +300,7 @@ class _Consert(Objective):
     return Spec(self.name, views, float(self.temperature), float(self.weight), shuffle_tokens, chunks)
 
   def check(self, model_config, train_config) -> None:
+    refuse_asymmetric(self, model_config)
     self.spec(model_config, train_config)
 
   def make_model(self, model_config: ST5Config) -> ConsertTower:

@@ -31,7 +31,7 @@ from st5_jax import flops, losses
 from st5_jax.features import LEFT, MAX_NEGATIVES, NEGATIVE_TARGETS, RIGHT, negative_features
 from st5_jax.objectives import grad_cache
 from st5_jax.objectives.base import Feature, Objective, ObjectiveConfigError, ValueAndGrad, register
-from st5_jax.objectives.contrastive import embed_towers, make_embed_fn, negative_lengths, negative_sides
+from st5_jax.objectives.contrastive import by_feature, embed_towers, make_embed, negative_lengths, negative_sides
 
 Array = jax.Array
 TEACHER_PREFIX = "teacher_"
@@ -155,7 +155,7 @@ class Distill(Objective):
     return {**out, **teacher}
 
   def make_value_and_grad(self, model, boxed_params, model_config, train_config) -> ValueAndGrad:
-    embed = make_embed_fn(model, boxed_params)
+    embed = make_embed(model, boxed_params, model_config)  # by side for asymmetric towers
     loss_on, chunks, K = self.loss(), train_config.grad_cache_chunks, self.num_negatives
     teacher_of = teacher_features(K)
 
@@ -176,7 +176,7 @@ class Distill(Objective):
         del params_
         return loss_on(e, {s: batch_[teacher_of[s]] for s in sides}, sides[2:])
 
-      return grad_cache.value_and_grad(embed, loss_on_embeddings, params, batch,
+      return grad_cache.value_and_grad(by_feature(embed, sides), loss_on_embeddings, params, batch,
                                        {s: (batch[s], side_keys[s]) for s in sides}, chunks=chunks)
 
     if chunks > 1:

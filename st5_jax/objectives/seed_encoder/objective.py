@@ -27,7 +27,7 @@ from st5_jax import flops
 from st5_jax.checkpoints import loader, tree
 from st5_jax.configs import ST5Config
 from st5_jax.objectives.base import (Feature, Objective, ObjectiveConfigError, ValueAndGrad, check_same_architecture,
-                                     rebox, register)
+                                     rebox, refuse_asymmetric, register)
 from st5_jax.objectives.seed_encoder import weak_decoder
 from st5_jax.vocab import DECODER_START_ID
 
@@ -146,6 +146,7 @@ class SeedEncoder(Objective):
       raise ObjectiveConfigError(f"SeedEncoder.decoder_loss_weight must be >= 0, got {self.decoder_loss_weight}")
 
   def check(self, model_config, train_config) -> None:
+    refuse_asymmetric(self, model_config)
     if train_config.grad_cache_chunks > 1:
       raise ObjectiveConfigError(
           "TrainConfig.grad_cache_chunks applies to the contrastive losses over sentence embeddings; set it to 0 "
