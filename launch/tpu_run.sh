@@ -216,7 +216,8 @@ for GIN_PATH in "${GIN_PATHS[@]}"; do
   case "$GIN_PATH" in
     "$ROOT"/*) REMOTE_GINS+=("${GIN_PATH#"$ROOT"/}") ;;
     *) [[ " ${REMOTE_GINS[*]} " == *" ../$(basename "$GIN_PATH") "* ]] && {
-         echo "tpu_run.sh: two gin files from outside the tree are named $(basename "$GIN_PATH"); rename one" >&2; exit 2; }
+         echo "tpu_run.sh: two gin files from outside the tree are named $(basename "$GIN_PATH");" \
+              "rename one" >&2; exit 2; }
        SHIP+=("$GIN_PATH"); REMOTE_GINS+=("../$(basename "$GIN_PATH")") ;;
   esac
 done

@@ -98,7 +98,8 @@ class SentenceT5Encoder(AbsEncoder):
   def encode(self, inputs, *, task_metadata, hf_split: str, hf_subset: str, prompt_type=None,
              **kwargs) -> np.ndarray:
     """float32 [N, D] for every text of the DataLoader, in order, with the prompt mteb's
-    sentence-transformers wrapper would choose (module docstring); the same tower for both sides."""
+    sentence-transformers wrapper would choose (module docstring); each side's tower (encode_query /
+    encode_document) when the model has asymmetric towers."""
     del hf_split, hf_subset
     texts = [str(t) for batch in inputs for t in batch["text"]]
     batch_size = kwargs.get("batch_size") or self.batch_size

@@ -263,6 +263,36 @@ def test_in_training_dev_sets_encode_with_the_chosen_prompts():
   assert seen == [["s: a"], ["q: b"], ["d: c"]]
 
 
+def test_in_training_sts_dev_encodes_with_encodes_tower_and_prompt(data_dir):
+  from st5_jax.evaluation import in_training  # pylint: disable=g-import-not-at-top
+  seen = {"query": [], "document": []}
+
+  def encoder(side):
+    def encode(params, texts):
+      seen[side].extend(texts)
+      return np.random.default_rng(len(seen[side])).normal(size=(len(texts), 4)).astype(np.float32)
+    return encode
+
+  # The document route of asymmetric towers, as `encode` (and so st5 eval's STS) uses.
+  ev = in_training.DevEvaluator(encoder("query"), document_encoder=encoder("document"),
+                                metrics=("stsb_dev_spearman",), data_dir=data_dir,
+                                task_prompts={"STSBenchmarkDev": {"encode": "s: "}})
+  assert np.isfinite(ev(None)["stsb_dev_spearman"])
+  assert not seen["query"] and seen["document"] and all(t.startswith("s: ") for t in seen["document"])
+
+
+def test_the_negatives_refresh_keeps_one_prompt_per_side_or_refuses():
+  from st5_jax.retrieval import refresh  # pylint: disable=g-import-not-at-top
+  # Each generation is a task of another name with K negatives: the prompts travel by side.
+  data = train.DataConfig(task=TASK, feature_lengths=LENGTHS, prompts={TASK: {"query": "q: ", "document": "d: "}})
+  side_prompts_only = refresh._side_prompts_only  # pylint: disable=protected-access
+  assert side_prompts_only(data).prompts == {"query": "q: ", "document": "d: "}
+  assert side_prompts_only(train.DataConfig(task=TASK, feature_lengths=LENGTHS)).prompts is None
+  with pytest.raises(ValueError, match="must give them the targets' prompt") as e:
+    side_prompts_only(train.DataConfig(task=TASK, feature_lengths=LENGTHS, prompts=PROMPTS))
+  assert "\n" not in str(e.value)
+
+
 TINY_RUN = """
 include 'st5_tiny_cpu.gin'
 st5_model.size = 't5_tiny'

@@ -281,6 +281,19 @@ def test_index_search_mining_and_st5_eval_use_each_sides_tower(tmp_path, vocab_p
                              atol=1e-6)
 
 
+def test_a_teacher_with_two_towers_is_refused(tmp_path, vocab_path):
+  from st5_jax.objectives.distill import teacher  # pylint: disable=g-import-not-at-top
+
+  src, _ = _asymmetric_model(tmp_path, "projection", vocab_path)
+  with pytest.raises(ValueError, match="use a teacher with one tower") as e:
+    teacher.load_teacher(str(src))
+  assert "\n" not in str(e.value)
+  out = tmp_path / "st"
+  export_model(src, format="sentence-transformers", out=out)
+  with pytest.raises(ValueError, match="use a teacher with one tower"):
+    teacher.load_teacher(str(out), backend="sentence-transformers")
+
+
 def test_train_separate_towers_on_a_sharded_mesh(tmp_path, vocab_path):
   cfg = TINY.replace(towers="separate")
   mesh = partitioning.make_mesh(partitioning.MeshConfig(2, 2, 2))

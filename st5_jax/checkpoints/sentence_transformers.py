@@ -76,6 +76,10 @@ def _load_router(root: pathlib.Path, modules: list[dict[str, Any]]
     if towers == "projection":
       flat["right_projection_layer/kernel"] = fd["projection_layer/kernel"]
   default_route = router.get("parameters", {}).get("default_route")
+  if towers != "shared" and default_route not in (None, "document"):
+    raise ValueError(f"{router_dir}/router_config.json: default_route {default_route!r}; st5_jax's `encode` on "
+                     "asymmetric towers takes the document route (sentence-transformers' for_query_document): "
+                     "set it to 'document'")
   return cq.replace(towers=towers), flat, {**info, "router_default_route": default_route}
 
 

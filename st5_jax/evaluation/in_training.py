@@ -145,8 +145,12 @@ class DevEvaluator:
     out, by_task = {}, {}
     for metric in self.metrics:
       if metric == STSB_DEV:
-        sides = self._sides(params, STSB_DEV_SET)
-        out[metric] = float(sts_dev_spearman(sides.query, data_dir=self.data_dir))
+        # `encode`'s tower, as st5 eval scores STS: the document route of asymmetric towers (the same tower
+        # otherwise), with the task's prompt.
+        prompt = self.task_prompts.get(STSB_DEV_SET, {}).get(prompts_lib.ENCODE, "")
+        encode = self.document_encoder
+        out[metric] = float(sts_dev_spearman(
+            lambda texts: encode(params, [prompt + t for t in texts] if prompt else texts), data_dir=self.data_dir))
         continue
       task, _, measure = metric.partition("/")
       if task not in by_task:

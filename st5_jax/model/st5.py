@@ -18,7 +18,7 @@ Hooks for input augmentation (st5_jax/objectives/consert), all optional and abse
 `positions_BxL` gives per-example token positions for the relative-position bias, and
 `attention_mask_BxL` replaces the key mask (pooling still averages over `tokens > 0`).
 
-Asymmetric towers (`ST5Config.towers`; gin `st5_model.towers`, gin/models/towers_*.gin): the query side
+Asymmetric towers (`ST5Config.towers`; gin `st5_model.towers`, gin/objectives/towers_*.gin): the query side
 (`inputs`) and the document side (`targets`, hard negatives) encode with different parameters, named
 as t5x_retrieval's asymmetric dual encoder (ADE) names its left (query) and right (document) parts:
 

@@ -82,7 +82,7 @@ def embed_towers(embed: EmbedFn | Mapping[str, EmbedFn], params: Any, tokens: Ma
                  key: Array) -> dict[str, Array]:
   """Embeddings of every tower (side -> tokens [B, L]) with one forward per distinct token shape.
 
-  The towers share their weights, so sides of the same shape go through the model as one
+  Shared towers (the default) share their weights, so sides of the same shape go through the model as one
   batch: fewer, larger matmuls, the weights read once, and one weight-gradient
   accumulation instead of one per tower (profile in docs/performance.md). They are stacked
   on axis 1 ([B, k, L] -> [B*k, L]), so each device's rows of the merged batch are its own

@@ -46,7 +46,8 @@ def merge(x):
 
 
 def value_and_grad(embed: EmbedFn | Mapping[str, EmbedFn], loss_on: LossOnEmbeddings, params: Any,
-                   batch: Mapping[str, Array], towers: Mapping[str, tuple[Any, Array]], *, chunks: int) -> tuple[tuple[Array, dict], Any]:
+                   batch: Mapping[str, Array], towers: Mapping[str, tuple[Any, Array]], *,
+                   chunks: int) -> tuple[tuple[Array, dict], Any]:
   """((loss, metrics), grads) of `loss_on` over the towers' embeddings, computed chunk by chunk.
 
   towers: {name: (inputs, dropout key)}; each chunk of a tower gets its own key from

@@ -53,7 +53,7 @@ from typing import Any, Sequence
 import numpy as np
 from jax.experimental import multihost_utils
 
-from st5_jax import hooks, multihost, paths, train
+from st5_jax import encode_options, hooks, multihost, paths, train
 from st5_jax import vocab as vocab_lib
 from st5_jax.data import registry
 from st5_jax.evaluation import in_training
@@ -172,7 +172,7 @@ class Refresher:
     if not isinstance(data, train.DataConfig):
       raise TypeError(f"NegativesRefresh makes each generation's stream with the run's DataConfig (run.data = "
                        f"@DataConfig()), got {type(data).__name__}")
-    self.config, self.data = config, data
+    self.config, self.data = config, _side_prompts_only(data)
     self.state: dict[str, Any] = {"generation": 0}
     self.costs: list[dict[str, Any]] = []  # the seconds of each refresh of this invocation, by phase
     self.context: hooks.RunContext | None = None
@@ -205,14 +205,21 @@ class Refresher:
     towers = context.setup.objective.inference_towers(context.model_config)
     tokenizer = vocab_lib.Tokenizer(context.vocab_file)
 
-    def encoder(side: str) -> in_training.ShardedEncoder:
+    def encoder(side: str):
       encode, keys = train.tower_encode(context.setup, context.model_config, side, context.rules)
-      return in_training.ShardedEncoder(encode, param_keys=keys, max_length=context.model_config.max_length,
-                                        mesh=context.setup.mesh, param_shardings=context.setup.state_shardings.params,
-                                        tokenizer=tokenizer, batch_size=c.batch_size)
+      sharded = in_training.ShardedEncoder(encode, param_keys=keys, max_length=context.model_config.max_length,
+                                           mesh=context.setup.mesh,
+                                           param_shardings=context.setup.state_shardings.params,
+                                           tokenizer=tokenizer, batch_size=c.batch_size)
+      # Mined with the model's prompts (the trained ones: DataConfig.prompts), as encode_query / _document.
+      prompt = encode_options.side_prompt(context.model_config.prompt_dict, side)
+      return sharded if not prompt else lambda params, texts: sharded(params, [prompt + t for t in texts])
 
     self._queries = encoder("query")  # one compile per length bucket for the run, as the dev evaluation's
-    self._documents = self._queries if towers["query"] is towers["document"] else encoder("document")
+    same = towers["query"] is towers["document"] and encode_options.side_prompt(
+        context.model_config.prompt_dict, "query") == encode_options.side_prompt(context.model_config.prompt_dict,
+                                                                                   "document")
+    self._documents = self._queries if same else encoder("document")
     log.info("negatives refresh every %d steps: %d queries, a corpus of %d documents", c.every,
              len(self.pairs.queries), len(self.corpus.texts))
 
@@ -347,3 +354,21 @@ class Refresher:
     stream.replace(iterator)
     if hasattr(old, "close"):
       old.close()  # its prefetching thread
+
+
+def _side_prompts_only(data: train.DataConfig) -> train.DataConfig:
+  """`data` with its prompts as {"query": ..., "document": ...}: each generation is a task of another name with K
+  negatives (negative_targets_1, ...), which per-task or per-feature prompts would not name."""
+  if not data.prompts:
+    return data
+  by_task = list(data.resolved_prompts().values())
+  if any(p != by_task[0] for p in by_task):
+    raise ValueError(f"NegativesRefresh trains every generation with one set of prompts; DataConfig.prompts gives "
+                     f"the tasks of {data.task} different ones: give one per side ({{'query': ..., 'document': ...}})")
+  features = by_task[0]
+  query = features.get("inputs", "")
+  document = features.get("targets", "")
+  if any(text != document for name, text in features.items() if name.startswith("negative_targets")):
+    raise ValueError("NegativesRefresh draws its own negatives: DataConfig.prompts must give them the targets' "
+                     f"prompt ({document!r}); give one per side ({{'query': ..., 'document': ...}})")
+  return dataclasses.replace(data, prompts={k: v for k, v in (("query", query), ("document", document)) if v})

@@ -384,16 +384,18 @@ class DenseScorer:
 
     self.index = index
     self.encoder = index_lib.MeshEncoder(model, devices=devices, batch_size=batch_size)
+    # The model's query / document prompts, as st5 search and st5 index (the corpus) use them.
+    self.prompts = {side: index_lib.side_prompt(model, side) for side in ("query", "document")}
 
   def shard(self, queries: Sequence[str], positives: Sequence[Sequence[str]],
             depth: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     from st5_jax.retrieval import search  # pylint: disable=g-import-not-at-top
 
-    q_QxD = self.encoder.encode(list(queries), side="query")
+    q_QxD = self.encoder.encode(list(queries), side="query", prompt=self.prompts["query"])
     scores_QxR, indices_QxR = search.search_index(self.index, q_QxD, depth, method="exact",
                                                   devices=list(self.encoder.mesh.devices.flat))
     flat = [p for pos in positives for p in pos]
-    p_PxD = self.encoder.encode(flat, side="document")
+    p_PxD = self.encoder.encode(flat, side="document", prompt=self.prompts["document"])
     out, start = [], 0
     for q, (s_R, i_R, pos) in enumerate(zip(scores_QxR, indices_QxR, positives)):
       pos_P = p_PxD[start:start + len(pos)] @ q_QxD[q]

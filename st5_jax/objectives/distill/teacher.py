@@ -68,6 +68,7 @@ class St5Teacher:
     self.batch_size = batch_size
     self.encoder = SentenceEncoder.load(self.path, max_length=max_length, batch_size=batch_size,
                                         checkpoint=checkpoint)
+    _refuse_asymmetric(self.path, getattr(getattr(self.encoder, "config", None), "asymmetric", False))
     self.dim = int(self.encoder.dim)
 
   def encode(self, texts: Sequence[str]) -> np.ndarray:
@@ -90,6 +91,13 @@ class St5Teacher:
             "fingerprint": fingerprint, "config": config}
 
 
+def _refuse_asymmetric(path: str, asymmetric: bool) -> None:
+  # The cache holds one vector per distinct text, whichever feature it came from: one tower encodes them all.
+  if asymmetric:
+    raise ValueError(f"teacher {path} has separate query and document towers (asymmetric / a Router); the teacher "
+                     "cache encodes every text with one encoder: use a teacher with one tower")
+
+
 class SentenceTransformersTeacher:
   """A sentence-transformers model folder, run by sentence_transformers.SentenceTransformer."""
 
@@ -103,6 +111,7 @@ class SentenceTransformersTeacher:
     self.path = os.fspath(paths.path(path))
     self.batch_size = batch_size
     self.model = SentenceTransformer(paths.local_dir(self.path), device=device)
+    _refuse_asymmetric(self.path, any(type(m).__name__ in ("Router", "Asym") for m in self.model))
     if max_length is not None:
       self.model.max_seq_length = max_length
     # sentence-transformers 6 renamed get_sentence_embedding_dimension (still there, deprecated).
