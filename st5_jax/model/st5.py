@@ -36,6 +36,7 @@ default (an inference tower of one side). An asymmetric model called without a s
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import flax.linen as nn
 import jax
@@ -189,11 +190,16 @@ def side_param_keys(config: ST5Config, side: str) -> tuple[str, ...]:
   """The top-level parameter subtrees `side` reads (all of them for a shared tower)."""
   if side not in SIDES:
     raise ValueError(f"side must be one of {SIDES}, got {side!r}")
-  keys = tuple(abstract_params(config))
   if config.towers == "separate":
     return (f"{SIDE_PREFIX[side]}_tower",)
   other = SIDE_PREFIX["document" if side == "query" else "query"]
-  return tuple(k for k in keys if k != f"{other}_projection_layer")
+  return tuple(k for k in _top_level_keys(config) if k != f"{other}_projection_layer")
+
+
+@functools.lru_cache(maxsize=16)
+def _top_level_keys(config: ST5Config) -> tuple[str, ...]:
+  # One trace of the model per config: callers ask for each side's keys several times at start-up.
+  return tuple(abstract_params(config))
 
 
 def strip_tower(name: str) -> str:
