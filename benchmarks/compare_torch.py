@@ -207,16 +207,10 @@ def matmul_peak_flops(n: int = 2048, repeats: int = 10) -> dict:
   """f32 FLOP/s of an n^3 matmul on each side (best of `repeats`); the larger is this machine's peak."""
   import torch
 
-  from st5_jax.commands.bench import matmul_peak
+  from st5_jax.commands.bench import best_seconds, matmul_peak
 
   a = torch.ones(n, n)
-  a @ a
-  best = float("inf")
-  for _ in range(repeats):
-    t = time.perf_counter()
-    a @ a
-    best = min(best, time.perf_counter() - t)
-  out = {"jax": matmul_peak("float32", n, repeats), "torch": 2 * n ** 3 / best}
+  out = {"jax": matmul_peak("float32", n, repeats), "torch": 2 * n ** 3 / best_seconds(lambda: a @ a, repeats)}
   out["peak"] = max(out["jax"], out["torch"])
   return out
 

@@ -33,14 +33,9 @@ def bandwidth(mib: int = 512, repeats: int = 10) -> float:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   x = jnp.ones((mib * 2 ** 20 // 4,), jnp.float32)
+  from st5_jax.commands.bench import best_seconds  # pylint: disable=g-import-not-at-top
   f = jax.jit(lambda v: v * 2.0 + 1.0)
-  f(x).block_until_ready()
-  best = float("inf")
-  for _ in range(repeats):
-    t = time.perf_counter()
-    f(x).block_until_ready()
-    best = min(best, time.perf_counter() - t)
-  return 2 * x.nbytes / best
+  return 2 * x.nbytes / best_seconds(lambda: f(x).block_until_ready(), repeats)
 
 
 def measure(size: str, *, batch: int, length: int, steps: int, dtype: str, peak: float, bw: float) -> dict:

@@ -62,6 +62,15 @@ class SyntheticPairs:
     self.index = int(state["index"])
 
 
+def eos_padded_tokens(B, L, seed, vocab=384):
+  """[B, L] int32 token ids from 3..vocab-1, each row ended by EOS (1) at a random length and padded with 0."""
+  rng = np.random.default_rng(seed)
+  t = rng.integers(3, vocab, size=(B, L)).astype(np.int32)
+  for i, n in enumerate(rng.integers(2, L + 1, size=B)):
+    t[i, n - 1], t[i, n:] = 1, 0
+  return t
+
+
 def factory(**kw):
   return lambda mesh, batch_size, seed: SyntheticPairs(mesh, batch_size, seed, **kw)
 

@@ -300,8 +300,9 @@ def test_pairs_of_a_registered_task_and_a_tsv(files, tmp_path):
   assert manifest["counts"]["queries"] == 6 and manifest["counts"]["filtered"]["positive"] > 0
 
 
-def _model(directory, vocab_path, seed=0):
-  cfg = configs.ST5Config(t5=configs.t5_size("t5_tiny"), pooling="enc_mean", embedding_dim=16, max_length=32)
+def _model(directory, vocab_path, seed=0, **config):
+  cfg = configs.ST5Config(t5=configs.t5_size("t5_tiny"), pooling="enc_mean", embedding_dim=16, max_length=32,
+                          **config)
   params = jax.device_get(nn.unbox(init_params(cfg, jax.random.PRNGKey(seed))))
   native.save_model(directory, cfg, params, step=1, vocab_file=vocab_path)
   return str(directory)
@@ -342,6 +343,33 @@ def test_dense_mining_ranks_by_the_models_embeddings_and_reads_a_given_index(fil
   np.testing.assert_allclose([s for r in again for s in r["neg_scores"]], [s for r in rows for s in r["neg_scores"]],
                              atol=1e-5)
   assert json.loads((out2 / "manifest.json").read_text())["scorer"]["index"] == str(tmp_path / "out" / "index")
+
+
+def test_dense_mining_encodes_with_the_models_query_and_document_prompts(files, tmp_path, vocab_path):
+  prompts = {"query": "query: ", "document": "passage: "}
+  model = _model(tmp_path / "model", vocab_path, prompts=prompts)
+  pairs = mine_lib.read_pairs([str(files / "pairs.jsonl")])
+  corpus = mine_lib.positives_corpus(pairs)
+  config = mine_lib.MineConfig(method="dense", num_negatives=2, range_max=6, relative_margin=0.001,
+                               with_scores=True)
+  mine_lib.mine(pairs, corpus, str(tmp_path / "out"), config, model=model, devices=jax.local_devices()[:2],
+                batch_size=8)
+  rows = [json.loads(line) for line in (tmp_path / "out" / "part-00000.jsonl").read_text().splitlines()]
+  # NumPy over the public encoder with the prompts written out: queries "query: ...", corpus "passage: ...".
+  encoder = SentenceEncoder.load(model)
+  q_QxD = encoder.encode([prompts["query"] + q for q in pairs.queries])
+  d_NxD = encoder.encode([prompts["document"] + d for d in corpus.texts])
+  s_QxN = q_QxD @ d_NxD.T
+  plain_QxN = encoder.encode(pairs.queries) @ encoder.encode(corpus.texts).T
+  assert np.abs(s_QxN - plain_QxN).max() > 1e-2  # the prompts change the scores, so the check below can fail
+  for q, row in enumerate(rows):
+    pos_P = np.array([s_QxN[q, corpus.texts.index(p)] for p in pairs.positives[q]], np.float32)
+    np.testing.assert_allclose(row["pos_scores"], pos_P, atol=1e-4)
+    ranked = np.lexsort((np.arange(len(corpus.texts)), -s_QxN[q]))[:6]
+    kept, _ = mine_lib.select_negatives(ranked, s_QxN[q, ranked], positives=pairs.positives[q], positive_scores_P=pos_P,
+                                        corpus_texts=corpus.texts, config=config, query_index=q)
+    assert row["neg"] == [corpus.texts[ranked[r]] for r in kept], q
+    np.testing.assert_allclose(row["neg_scores"], s_QxN[q, ranked[kept]], atol=1e-4)
 
 
 def _tree(out):

@@ -28,12 +28,7 @@ def _params(cfg, seed=0):
   return jax.device_get(nn.unbox(st5.init_params(cfg, jax.random.PRNGKey(seed))))
 
 
-def _tokens(B, L, seed):
-  rng = np.random.default_rng(seed)
-  t = rng.integers(3, 384, size=(B, L)).astype(np.int32)
-  for i, n in enumerate(rng.integers(2, L + 1, size=B)):
-    t[i, n - 1], t[i, n:] = 1, 0
-  return t
+_tokens = synthetic.eos_padded_tokens
 
 
 def test_shared_default_keeps_tree_and_config_json():

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import synthetic
 from st5_jax import configs, features, flops, losses, partitioning, train
 from st5_jax.objectives import contrastive
 from st5_jax.model.st5 import SentenceT5, abstract_params
@@ -14,12 +15,7 @@ from st5_jax.model.st5 import SentenceT5, abstract_params
 CFG = configs.ST5Config(t5=configs.t5_size("t5_tiny", dropout_rate=0.0, vocab_size=384), embedding_dim=16)
 
 
-def _tokens(B, L, seed):
-  rng = np.random.default_rng(seed)
-  t = rng.integers(3, 384, size=(B, L)).astype(np.int32)
-  for i, n in enumerate(rng.integers(2, L + 1, size=B)):
-    t[i, n - 1], t[i, n:] = 1, 0
-  return t
+_tokens = synthetic.eos_padded_tokens
 
 
 @pytest.mark.parametrize("lengths", [(12, 12, 12), (8, 12, 12), (12, 12, None)])

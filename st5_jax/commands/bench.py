@@ -44,13 +44,18 @@ def matmul_peak(dtype, n: int = 2048, repeats: int = 10) -> float:
 
   a = jnp.ones((n, n), dtype)
   f = jax.jit(lambda x: x @ x)
-  f(a).block_until_ready()
+  return 2 * n ** 3 / best_seconds(lambda: f(a).block_until_ready(), repeats)
+
+
+def best_seconds(fn, repeats: int = 10) -> float:
+  """Fastest of `repeats` timed calls of `fn()`, after one untimed call (compilation, warm caches)."""
+  fn()
   best = float("inf")
   for _ in range(repeats):
     t = time.perf_counter()
-    f(a).block_until_ready()
+    fn()
     best = min(best, time.perf_counter() - t)
-  return 2 * n ** 3 / best
+  return best
 
 
 def _minor_faults() -> float:
