@@ -5,6 +5,7 @@ chip's figures; the target files combine with any run; and (marker `aot_all`) ev
 compiles for each generation's target and fits.
 """
 
+import importlib.util
 import itertools
 import json
 import os
@@ -166,20 +167,14 @@ def test_a_target_combines_with_any_run(run, target):
 
 
 # The paper's runs (both architectures, stage 1 and stage 2) x {v4, v5e, v5p, v6e}: each must compile
-# for its generation's target and fit. v4: the run's own target. `tests/run.sh --aot-all` runs them
-# (one compile each, 1-4 min on 2 cores); with ST5_AOT_RESULTS=DIR each report is also written to
-# DIR/RUN__TARGET.json for docs/tpu.md's table.
-SIZES = ["base", "large", "3b", "11b", "1_1_base", "1_1_large", "1_1_xl", "1_1_xxl"]
-PAPER_RUNS = [f"st5_{size}_{arch}{stage}.gin"
-              for size in SIZES for arch in ("enc", "encdec") for stage in ("", "_stage2")]
-LARGE = ("3b", "11b", "1_1_xl", "1_1_xxl")
-# The slice each generation runs a size on (docs/tpu.md: the smallest measured slice that fits).
-TARGET = {
-    "v4": lambda size: None,
-    "v5e": lambda size: "targets/v5e_256.gin" if size in LARGE else "targets/v5e_16.gin",
-    "v5p": lambda size: "targets/v5p_128.gin" if size in LARGE else "targets/v5p_16.gin",
-    "v6e": lambda size: "targets/v6e_256.gin" if size in LARGE else "targets/v6e_16.gin",
-}
+# for its generation's target and fit. The matrix (runs, the target of each generation) is
+# benchmarks/aot_matrix.py's, which prints docs/tpu.md's table from the reports. `tests/run.sh --aot-all`
+# runs them (one compile each, 1.5-7 min on 2 cores); with ST5_AOT_RESULTS=DIR each report is also
+# written to DIR/RUN__TARGET.json, where `benchmarks/aot_matrix.py --results DIR` reads it.
+_spec = importlib.util.spec_from_file_location("aot_matrix", REPO / "benchmarks" / "aot_matrix.py")
+aot_matrix = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(aot_matrix)
+PAPER_RUNS = aot_matrix.PAPER_RUNS
 
 
 def test_the_paper_run_list_is_complete():
@@ -188,18 +183,15 @@ def test_the_paper_run_list_is_complete():
   assert sorted(PAPER_RUNS) == shipped
 
 
-def _size(run):
-  return run[len("st5_"):].rsplit("_enc", 1)[0]
-
-
 @pytest.mark.aot_all
-@pytest.mark.parametrize("generation", TARGET)
+@pytest.mark.parametrize("generation", aot_matrix.GENERATIONS)
 @pytest.mark.parametrize("run", PAPER_RUNS)
 def test_every_paper_run_fits_each_generation(run, generation, tmp_path):
-  target = TARGET[generation](_size(run))
+  target = aot_matrix.target(run, generation)
+  target = f"targets/{target}.gin" if target else None
   out = pathlib.Path(os.environ.get("ST5_AOT_RESULTS", tmp_path))
   out.mkdir(parents=True, exist_ok=True)
-  result = out / f"{run[:-len('.gin')]}__{pathlib.Path(target).stem if target else 'v4'}.json"
+  result = aot_matrix.report_path(out, run, generation)
   env = dict(os.environ)
   env.pop("JAX_PLATFORMS", None)
   command = [sys.executable, "-m", "st5_jax.cli", "aot", "--gin", run, *(["--gin", target] if target else [])]
@@ -208,3 +200,59 @@ def test_every_paper_run_fits_each_generation(run, generation, tmp_path):
   r = json.loads(result.read_text())
   assert r["fits"] and r["device_kind"] == GENERATION[generation][0]
   assert r["roofline_step_seconds"] > 0 and 0 < r["implied_mfu"] < 1
+
+
+def _report(devices, seconds, fits=True, hbm=16):
+  return {"mesh": {"data": devices, "fsdp": 1, "model": 1}, "topology": f"x:{devices}", "devices": devices,
+          "fits": fits, "total_bytes": 3 * 2**30, "hbm_bytes": hbm * 2**30, "roofline_step_seconds": seconds,
+          "roofline_compute_seconds": seconds / 2, "roofline_memory_seconds": seconds, "roofline_collective_seconds": 0.0,
+          "implied_mfu": 0.5, "state_bytes": 2**30, "temp_bytes": 2 * 2**30, "compiled_flops": 1e12,
+          "xla_cost_flops": 1e11, "bytes_accessed": 1e10, "collective_bytes": 1e8, "loop_trip_counts": [12, 0, 12],
+          "compile_seconds": 100.0}
+
+
+def test_the_matrix_tables_name_the_cheapest_fitting_slice_and_the_missing_rows(tmp_path):
+  run = "st5_large_enc.gin"
+  reports = {"v4": _report(16, 0.4), "v5e": _report(16, 0.2, fits=False), "v5p": _report(8, 0.5)}
+  for generation, r in reports.items():
+    aot_matrix.report_path(tmp_path, run, generation).write_text(json.dumps(r))
+  aot_matrix.report_path(tmp_path, "st5_11b_encdec_stage2.gin", "v6e").write_text(json.dumps(_report(256, 0.1)))
+  main, detail, cheapest = aot_matrix.tables(aot_matrix.load(tmp_path)).split("\n\n")
+  rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in main.splitlines()[2:]}
+  assert len(rows) == len(PAPER_RUNS) * 4  # one row per run x generation, compiled or not
+  # chip-hours = chips x steps x estimate: v4 16 x 50,000 x 0.4 s = 89; v5p 8 x 50,000 x 0.5 s = 56 (cheapest that
+  # fits: v5e's 44 does not fit); stage 2 runs 3,000 steps: 256 x 3,000 x 0.1 s = 21.
+  assert "| 89 (50,000 steps) |" in rows[run, "v4"] and "| 56 (50,000 steps) |" in rows[run, "v5p"]
+  assert "**no**: 3.00 / 16 GiB" in rows[run, "v5e"] and "targets/v5e_16.gin: x:16 (16), 16 x 1 x 1" in rows[run, "v5e"]
+  assert "| 21 (3,000 steps) |" in rows["st5_11b_encdec_stage2.gin", "v6e"]
+  assert "not compiled yet: `st5 aot --gin st5_large_enc.gin --gin targets/v6e_16.gin`" in rows[run, "v6e"]
+  assert "not compiled yet: `st5 aot --gin st5_base_enc.gin`" in rows["st5_base_enc.gin", "v4"]
+  assert cheapest.splitlines()[2:] == [
+      f"| {run} | v4 89, v5e 44 (does not fit), v5p 56 (not compiled: v6e) | "
+      "v5p, targets/v5p_16.gin (8 chips): 56 chip-hours |",
+      "| st5_11b_encdec_stage2.gin | v6e 21 (not compiled: v4, v5e, v5p) | v6e, targets/v6e_256.gin (256 chips): "
+      "21 chip-hours |"]
+  assert len(detail.splitlines()) == 2 + 4
+  assert f"| {run} | v5p | 1.00 / 2.00 | 1.000e+12 | 1.000e+11 | 1.000e+10 | 1.000e+08 | 12 | 100 s |" in detail
+
+
+def test_a_timed_out_matrix_compile_is_reported_and_a_finished_report_is_not_redone(tmp_path):
+  assert aot_matrix.compile_one(tmp_path, "st5_base_enc.gin", "v5e", timeout=1).endswith("timed out after 1 s")
+  assert not list(tmp_path.glob("*.json"))
+  done = aot_matrix.report_path(tmp_path, "st5_base_enc.gin", "v5e")
+  assert done.name == "st5_base_enc__v5e_16.json"
+  done.write_text("{}")
+  assert aot_matrix.compile_one(tmp_path, "st5_base_enc.gin", "v5e", timeout=1).endswith("already there")
+
+
+def test_docs_tpu_md_shows_the_matrix_of_the_committed_reports():
+  """docs/tpu.md's run x generation tables are benchmarks/aot_matrix.py's output for docs/aot_reports/, and each
+  report is `st5 aot`'s own for the run, the target and the generation its file name says."""
+  reports = REPO / "docs" / "aot_reports"
+  found = aot_matrix.load(reports)
+  assert len(found) == len(list(reports.glob("*.json")))  # no stray report the table would leave out
+  for (run, generation), r in found.items():
+    target = aot_matrix.target(run, generation)
+    assert r["name"] == run + (f" + {target}.gin" if target else ""), (run, generation)
+    assert r["device_kind"] == GENERATION[generation][0] and r["compiled"], (run, generation)
+  assert aot_matrix.tables(found) in (REPO / "docs" / "tpu.md").read_text()
