@@ -66,11 +66,12 @@ def compile_one(results: pathlib.Path, run: str, generation: str, timeout: int) 
     proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
   except subprocess.TimeoutExpired:
     return f"{out.name}: timed out after {timeout} s"
-  (results / f"{out.stem}.log").write_text(proc.stdout + proc.stderr)
-  if proc.returncode or not tmp.exists():
+  if not tmp.exists():
+    (results / f"{out.stem}.log").write_text(proc.stdout + proc.stderr)
     return f"{out.name}: failed (rc {proc.returncode}; {out.stem}.log)"
   tmp.rename(out)  # only a whole report counts as done, so an interrupted matrix resumes
-  return f"{out.name}: {time.time() - start:.0f} s"
+  # rc 1: compiled, and does not fit (the report says so; stderr says why and what would make it fit).
+  return f"{out.name}: {time.time() - start:.0f} s" + (f", does not fit: {proc.stderr.strip()}" if proc.returncode else "")
 
 
 def load(results: pathlib.Path) -> dict[tuple[str, str], dict]:
