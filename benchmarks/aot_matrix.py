@@ -1,7 +1,10 @@
 """Every paper run x TPU generation through `st5 aot`: compile what is missing, then print docs/tpu.md's tables.
 
   python benchmarks/aot_matrix.py --results DIR --compile [-j 2] [-k 11b]   # resumable: skips finished reports
-  python benchmarks/aot_matrix.py --results DIR > tables.md                  # the three tables of docs/tpu.md
+  python benchmarks/aot_matrix.py --results DIR > tables.md                  # docs/tpu.md's tables
+
+DIR/other_slices/*.json, reports of other slices or meshes than the matrix's (e.g. `st5 aot --gin RUN.gin
+--gin targets/v6e_256.gin --slice v6e-64 --json ...`), get a table of their own.
 
 Each compile is its own `st5 aot --gin RUN.gin [--gin targets/T.gin] --json DIR/RUN__T.json` process
 (T = `v4` for a run's own v4 slice), the reports `tests/run.sh --aot-all` writes with ST5_AOT_RESULTS=DIR.
@@ -84,8 +87,10 @@ def load(results: pathlib.Path) -> dict[tuple[str, str], dict]:
   return found
 
 
-def chip_hours(r: dict, run: str) -> float:
-  return r["devices"] * STEPS[stage_of(run)] * r["roofline_step_seconds"] / 3600
+def chip_hours(r: dict, run: str) -> str:
+  """Chips x the run's steps x the estimated step time, in hours (one decimal below 10: stage 2 is short)."""
+  hours = r["devices"] * STEPS[stage_of(run)] * r["roofline_step_seconds"] / 3600
+  return f"{hours:,.1f}" if hours < 10 else f"{hours:,.0f}"
 
 
 def tables(found: dict[tuple[str, str], dict]) -> str:
@@ -109,7 +114,7 @@ def tables(found: dict[tuple[str, str], dict]) -> str:
           f"{r['total_bytes'] / 2**30:.2f} / {r['hbm_bytes'] / 2**30:.0f} GiB | **{r['roofline_step_seconds']:.3f} s**: "
           f"{r['roofline_compute_seconds']:.3f} / {r['roofline_memory_seconds']:.3f} / "
           f"{r['roofline_collective_seconds']:.3f} | {r['implied_mfu']:.0%} | "
-          f"{chip_hours(r, run):,.0f} ({STEPS[stage_of(run)]:,} steps) |")
+          f"{chip_hours(r, run)} ({STEPS[stage_of(run)]:,} steps) |")
   lines += ["", "| gin file | gen. | per-chip: state / temps (GiB) | compiled FLOPs per chip | XLA cost analysis FLOPs "
             "(loop bodies once) | HBM bytes per chip | ICI bytes sent per chip | loops (trip counts) | compile |",
             "|---|---|---|---|---|---|---|---|---|"]
@@ -124,16 +129,33 @@ def tables(found: dict[tuple[str, str], dict]) -> str:
     done = [(g, found[run, g]) for g in GENERATIONS if (run, g) in found]
     if not done:
       continue
-    by_gen = ", ".join(f"{g} {chip_hours(r, run):,.0f}" + ("" if r["fits"] else " (does not fit)") for g, r in done)
-    fitting = [(chip_hours(r, run), g, r) for g, r in done if r["fits"]]
+    by_gen = ", ".join(f"{g} {chip_hours(r, run)}" + ("" if r["fits"] else " (does not fit)") for g, r in done)
+    fitting = [(r["devices"] * r["roofline_step_seconds"], g, r) for g, r in done if r["fits"]]
     if fitting:
-      hours, g, r = min(fitting, key=lambda x: x[0])
+      _, g, r = min(fitting, key=lambda x: x[0])
       t = target(run, g)
-      best = f"{g}, {f'targets/{t}.gin' if t else 'its own target'} ({r['devices']} chips): {hours:,.0f} chip-hours"
+      best = f"{g}, {f'targets/{t}.gin' if t else 'its own target'} ({r['devices']} chips): {chip_hours(r, run)} chip-hours"
     else:
       best = "none of the compiled slices"
     missing = [g for g in GENERATIONS if (run, g) not in found]
     lines.append(f"| {run} | {by_gen}{' (not compiled: ' + ', '.join(missing) + ')' if missing else ''} | {best} |")
+  return "\n".join(lines)
+
+
+def other_slices_table(folder: pathlib.Path) -> str:
+  """One row per report in `folder` (A/Bs: another slice or mesh than the matrix's target), by file name."""
+  lines = ["| report | gin files | slice (chips), mesh data x fsdp x model | fits: per-chip total / HBM | step time, "
+           "roofline ESTIMATE: compute / HBM / ICI | implied MFU (estimate) | chip-hours of the run (estimate) |",
+           "|---|---|---|---|---|---|---|"]
+  for path in sorted(folder.glob("*.json")):
+    r = json.loads(path.read_text())
+    run = r["name"].split(" + ")[0]
+    mesh = " x ".join(str(v) for v in r["mesh"].values())
+    lines.append(
+        f"| {path.name} | {r['name']} | {r['topology']} ({r['devices']}), {mesh} | {'yes' if r['fits'] else '**no**'}: "
+        f"{r['total_bytes'] / 2**30:.2f} / {r['hbm_bytes'] / 2**30:.0f} GiB | **{r['roofline_step_seconds']:.3f} s**: "
+        f"{r['roofline_compute_seconds']:.3f} / {r['roofline_memory_seconds']:.3f} / {r['roofline_collective_seconds']:.3f} | "
+        f"{r['implied_mfu']:.0%} | {chip_hours(r, run)} ({STEPS[stage_of(run)]:,} steps) |")
   return "\n".join(lines)
 
 
@@ -157,6 +179,8 @@ def main(argv=None) -> int:
       for future in concurrent.futures.as_completed(futures):
         print(future.result(), file=sys.stderr, flush=True)
   print(tables(load(results)))
+  if (results / "other_slices").is_dir():
+    print("\n" + other_slices_table(results / "other_slices"))
   return 0
 
 

@@ -37,6 +37,7 @@ SLICES = {
     "v6e-4": ("v6e:2x2", 4, 1),
     "v6e-8": ("v6e:2x4", 8, 1),
     "v6e-16": ("v6e:4x4", 16, 4),
+    "v6e-64": ("v6e:8x8", 64, 16),
     "v6e-256": ("v6e:16x16", 256, 64),
 }
 GENERATION = {"v4": ("TPU v4", "v4"), "v5p": ("TPU v5", "v5p"), "v5e": ("TPU v5 lite", "v5e"),
@@ -145,7 +146,8 @@ def test_st5_aot_prints_the_estimate_as_an_estimate(tiny_reports):
 # the state sharded over every chip on the large ones (3B, 11B), as the v4 targets do.
 NEW_TARGETS = {"targets/v5e_16.gin": ("v5e:4x4", (-1, 1, 1)), "targets/v5e_256.gin": ("v5e:16x16", (1, -1, 1)),
                "targets/v5p_16.gin": ("v5:2x2x2", (-1, 1, 1)), "targets/v5p_128.gin": ("v5:4x4x4", (1, -1, 1)),
-               "targets/v6e_16.gin": ("v6e:4x4", (-1, 1, 1)), "targets/v6e_256.gin": ("v6e:16x16", (1, -1, 1))}
+               "targets/v6e_16.gin": ("v6e:4x4", (-1, 1, 1)), "targets/v6e_64.gin": ("v6e:8x8", (1, -1, 1)),
+               "targets/v6e_256.gin": ("v6e:16x16", (1, -1, 1))}
 
 
 @pytest.mark.parametrize("target", NEW_TARGETS)
@@ -216,22 +218,22 @@ def test_the_matrix_tables_name_the_cheapest_fitting_slice_and_the_missing_rows(
   reports = {"v4": _report(16, 0.4), "v5e": _report(16, 0.2, fits=False), "v5p": _report(8, 0.5)}
   for generation, r in reports.items():
     aot_matrix.report_path(tmp_path, run, generation).write_text(json.dumps(r))
-  aot_matrix.report_path(tmp_path, "st5_11b_encdec_stage2.gin", "v6e").write_text(json.dumps(_report(256, 0.1)))
+  aot_matrix.report_path(tmp_path, "st5_11b_encdec_stage2.gin", "v6e").write_text(json.dumps(_report(256, 0.01)))
   main, detail, cheapest = aot_matrix.tables(aot_matrix.load(tmp_path)).split("\n\n")
   rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in main.splitlines()[2:]}
   assert len(rows) == len(PAPER_RUNS) * 4  # one row per run x generation, compiled or not
   # chip-hours = chips x steps x estimate: v4 16 x 50,000 x 0.4 s = 89; v5p 8 x 50,000 x 0.5 s = 56 (cheapest that
-  # fits: v5e's 44 does not fit); stage 2 runs 3,000 steps: 256 x 3,000 x 0.1 s = 21.
+  # fits: v5e's 44 does not fit); stage 2 runs 3,000 steps: 256 x 3,000 x 0.01 s = 2.1 (one decimal below 10).
   assert "| 89 (50,000 steps) |" in rows[run, "v4"] and "| 56 (50,000 steps) |" in rows[run, "v5p"]
   assert "**no**: 3.00 / 16 GiB" in rows[run, "v5e"] and "targets/v5e_16.gin: x:16 (16), 16 x 1 x 1" in rows[run, "v5e"]
-  assert "| 21 (3,000 steps) |" in rows["st5_11b_encdec_stage2.gin", "v6e"]
+  assert "| 2.1 (3,000 steps) |" in rows["st5_11b_encdec_stage2.gin", "v6e"]
   assert "not compiled yet: `st5 aot --gin st5_large_enc.gin --gin targets/v6e_16.gin`" in rows[run, "v6e"]
   assert "not compiled yet: `st5 aot --gin st5_base_enc.gin`" in rows["st5_base_enc.gin", "v4"]
   assert cheapest.splitlines()[2:] == [
       f"| {run} | v4 89, v5e 44 (does not fit), v5p 56 (not compiled: v6e) | "
       "v5p, targets/v5p_16.gin (8 chips): 56 chip-hours |",
-      "| st5_11b_encdec_stage2.gin | v6e 21 (not compiled: v4, v5e, v5p) | v6e, targets/v6e_256.gin (256 chips): "
-      "21 chip-hours |"]
+      "| st5_11b_encdec_stage2.gin | v6e 2.1 (not compiled: v4, v5e, v5p) | v6e, targets/v6e_256.gin (256 chips): "
+      "2.1 chip-hours |"]
   assert len(detail.splitlines()) == 2 + 4
   assert f"| {run} | v5p | 1.00 / 2.00 | 1.000e+12 | 1.000e+11 | 1.000e+10 | 1.000e+08 | 12 | 100 s |" in detail
 
@@ -255,4 +257,10 @@ def test_docs_tpu_md_shows_the_matrix_of_the_committed_reports():
     target = aot_matrix.target(run, generation)
     assert r["name"] == run + (f" + {target}.gin" if target else ""), (run, generation)
     assert r["device_kind"] == GENERATION[generation][0] and r["compiled"], (run, generation)
-  assert aot_matrix.tables(found) in (REPO / "docs" / "tpu.md").read_text()
+  tpu_md = (REPO / "docs" / "tpu.md").read_text()
+  assert aot_matrix.tables(found) in tpu_md
+  # The A/Bs of other slices and meshes: each named after its run, and shown as the script prints them.
+  others = sorted((reports / "other_slices").glob("*.json"))
+  assert others and all(json.loads(p.read_text())["name"].split(" + ")[0] == p.name.split("__")[0] + ".gin"
+                        for p in others)
+  assert aot_matrix.other_slices_table(reports / "other_slices") in tpu_md
