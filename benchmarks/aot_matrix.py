@@ -29,7 +29,8 @@ PAPER_RUNS = [f"st5_{size}_{arch}{stage}.gin"
               for size in SIZES for arch in ("enc", "encdec") for stage in ("", "_stage2")]
 LARGE = ("3b", "11b", "1_1_xl", "1_1_xxl")
 GENERATIONS = ("v4", "v5e", "v5p", "v6e")
-# The slice each generation runs a size on (v4: the run's own target): the smallest measured slice that fits.
+# The slice each generation runs a size on (v4: the run's own target). Other slices (e.g. targets/v6e_64.gin, cheaper
+# for 11B) are A/Bs in DIR/other_slices.
 SMALL_TARGET = {"v5e": "v5e_16", "v5p": "v5p_16", "v6e": "v6e_16"}
 LARGE_TARGET = {"v5e": "v5e_256", "v5p": "v5p_128", "v6e": "v6e_256"}
 STEPS = {"stage 1": 50_000, "stage 2": 3_000}  # the paper's steps per stage (docs/training.md)
@@ -62,6 +63,7 @@ def compile_one(results: pathlib.Path, run: str, generation: str, timeout: int) 
   env = dict(os.environ)
   env.pop("JAX_PLATFORMS", None)  # st5 aot asks libtpu for the topology
   tmp = out.with_suffix(".json.tmp")
+  tmp.unlink(missing_ok=True)  # a killed compile's leftover is not this compile's report
   command = [sys.executable, "-m", "st5_jax.cli", "aot", "--gin", run, *(["--gin", f"targets/{t}.gin"] if t else []),
              "--json", str(tmp)]
   start = time.time()
@@ -69,12 +71,12 @@ def compile_one(results: pathlib.Path, run: str, generation: str, timeout: int) 
     proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
   except subprocess.TimeoutExpired:
     return f"{out.name}: timed out after {timeout} s"
-  if not tmp.exists():
+  if proc.returncode:  # 1 with a report: compiled, does not fit (stderr says why and what would make it fit)
     (results / f"{out.stem}.log").write_text(proc.stdout + proc.stderr)
+  if not tmp.exists():
     return f"{out.name}: failed (rc {proc.returncode}; {out.stem}.log)"
   tmp.rename(out)  # only a whole report counts as done, so an interrupted matrix resumes
-  # rc 1: compiled, and does not fit (the report says so; stderr says why and what would make it fit).
-  return f"{out.name}: {time.time() - start:.0f} s" + (f", does not fit: {proc.stderr.strip()}" if proc.returncode else "")
+  return f"{out.name}: {time.time() - start:.0f} s" + (f", does not fit ({out.stem}.log)" if proc.returncode else "")
 
 
 def load(results: pathlib.Path) -> dict[tuple[str, str], dict]:
@@ -123,7 +125,7 @@ def tables(found: dict[tuple[str, str], dict]) -> str:
     lines.append(f"| {run} | {generation} | {r['state_bytes'] / 2**30:.2f} / {r['temp_bytes'] / 2**30:.2f} | "
                  f"{r['compiled_flops']:.3e} | {r['xla_cost_flops']:.3e} | {r['bytes_accessed']:.3e} | "
                  f"{r['collective_bytes']:.3e} | {loops} | {r['compile_seconds']:.0f} s |")
-  lines += ["", "| gin file | chip-hours (estimate) by compiled generation | cheapest compiled slice that fits |",
+  lines += ["", "| gin file | chip-hours (estimate) by compiled generation | cheapest compiled target that fits |",
             "|---|---|---|"]
   for run in PAPER_RUNS:
     done = [(g, found[run, g]) for g in GENERATIONS if (run, g) in found]

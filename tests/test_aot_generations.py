@@ -33,6 +33,7 @@ SLICES = {
     "v5e-4": ("v5e:2x2", 4, 1),
     "v5e-8": ("v5e:2x4", 8, 1),
     "v5e-16": ("v5e:4x4", 16, 4),
+    "v5e-64": ("v5e:8x8", 64, 16),
     "v5e-256": ("v5e:16x16", 256, 64),
     "v6e-4": ("v6e:2x2", 4, 1),
     "v6e-8": ("v6e:2x4", 8, 1),
@@ -144,7 +145,8 @@ def test_st5_aot_prints_the_estimate_as_an_estimate(tiny_reports):
 
 # Target -> (topology, mesh data x fsdp x model): data parallel on the small slices (Base, Large),
 # the state sharded over every chip on the large ones (3B, 11B), as the v4 targets do.
-NEW_TARGETS = {"targets/v5e_16.gin": ("v5e:4x4", (-1, 1, 1)), "targets/v5e_256.gin": ("v5e:16x16", (1, -1, 1)),
+NEW_TARGETS = {"targets/v5e_16.gin": ("v5e:4x4", (-1, 1, 1)), "targets/v5e_64.gin": ("v5e:8x8", (1, -1, 1)),
+               "targets/v5e_256.gin": ("v5e:16x16", (1, -1, 1)),
                "targets/v5p_16.gin": ("v5:2x2x2", (-1, 1, 1)), "targets/v5p_128.gin": ("v5:4x4x4", (1, -1, 1)),
                "targets/v6e_16.gin": ("v6e:4x4", (-1, 1, 1)), "targets/v6e_64.gin": ("v6e:8x8", (1, -1, 1)),
                "targets/v6e_256.gin": ("v6e:16x16", (1, -1, 1))}
