@@ -95,8 +95,14 @@ def chip_hours(r: dict, run: str) -> str:
   return f"{hours:,.1f}" if hours < 10 else f"{hours:,.0f}"
 
 
-def tables(found: dict[tuple[str, str], dict]) -> str:
-  """The run x generation table, the per-chip detail of its measured rows and the cheapest slice per run."""
+def load_others(folder: pathlib.Path) -> dict[str, dict]:
+  """{file name: report} of the A/B reports in `folder` (none if it does not exist)."""
+  return {p.name: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+
+
+def tables(found: dict[tuple[str, str], dict], others: dict[str, dict] | None = None) -> str:
+  """The run x generation table, the per-chip detail of its compiled rows and the cheapest slice per run (among
+  the matrix's targets and the `others` reports of the same run)."""
   lines = ["| gin file | gen. | target: slice (chips), mesh | fits: per-chip total / HBM | step time, roofline "
            "ESTIMATE: compute / HBM / ICI | implied MFU (estimate) | chip-hours of the run (estimate) |",
            "|---|---|---|---|---|---|---|"]
@@ -125,18 +131,21 @@ def tables(found: dict[tuple[str, str], dict]) -> str:
     lines.append(f"| {run} | {generation} | {r['state_bytes'] / 2**30:.2f} / {r['temp_bytes'] / 2**30:.2f} | "
                  f"{r['compiled_flops']:.3e} | {r['xla_cost_flops']:.3e} | {r['bytes_accessed']:.3e} | "
                  f"{r['collective_bytes']:.3e} | {loops} | {r['compile_seconds']:.0f} s |")
-  lines += ["", "| gin file | chip-hours (estimate) by compiled generation | cheapest compiled target that fits |",
+  lines += ["", "| gin file | chip-hours (estimate) by compiled generation | cheapest compiled slice that fits (other "
+            "slices too) |",
             "|---|---|---|"]
   for run in PAPER_RUNS:
     done = [(g, found[run, g]) for g in GENERATIONS if (run, g) in found]
     if not done:
       continue
     by_gen = ", ".join(f"{g} {chip_hours(r, run)}" + ("" if r["fits"] else " (does not fit)") for g, r in done)
-    fitting = [(r["devices"] * r["roofline_step_seconds"], g, r) for g, r in done if r["fits"]]
+    where = {g: f"{g}, targets/{target(run, g)}.gin" if target(run, g) else "v4, its own target" for g, _ in done}
+    fitting = [(r["devices"] * r["roofline_step_seconds"], where[g], r) for g, r in done if r["fits"]]
+    fitting += [(r["devices"] * r["roofline_step_seconds"], f"{r['topology']}, other_slices/{name}", r)
+                for name, r in (others or {}).items() if r["name"].split(" + ")[0] == run and r["fits"]]
     if fitting:
-      _, g, r = min(fitting, key=lambda x: x[0])
-      t = target(run, g)
-      best = f"{g}, {f'targets/{t}.gin' if t else 'its own target'} ({r['devices']} chips): {chip_hours(r, run)} chip-hours"
+      _, where, r = min(fitting, key=lambda x: x[0])
+      best = f"{where} ({r['devices']} chips): {chip_hours(r, run)} chip-hours"
     else:
       best = "none of the compiled slices"
     missing = [g for g in GENERATIONS if (run, g) not in found]
@@ -180,8 +189,9 @@ def main(argv=None) -> int:
       futures = [pool.submit(compile_one, results, run, g, args.timeout) for run, g in todo]
       for future in concurrent.futures.as_completed(futures):
         print(future.result(), file=sys.stderr, flush=True)
-  print(tables(load(results)))
-  if (results / "other_slices").is_dir():
+  others = load_others(results / "other_slices")
+  print(tables(load(results), others))
+  if others:
     print("\n" + other_slices_table(results / "other_slices"))
   return 0
 

@@ -221,7 +221,10 @@ def test_the_matrix_tables_name_the_cheapest_fitting_slice_and_the_missing_rows(
   for generation, r in reports.items():
     aot_matrix.report_path(tmp_path, run, generation).write_text(json.dumps(r))
   aot_matrix.report_path(tmp_path, "st5_11b_encdec_stage2.gin", "v6e").write_text(json.dumps(_report(256, 0.01)))
-  main, detail, cheapest = aot_matrix.tables(aot_matrix.load(tmp_path)).split("\n\n")
+  # Another slice of the same run: cheaper than the matrix's targets for the 11B run, dearer for the Large one.
+  others = {"st5_11b_encdec_stage2__v6e_64.json": dict(_report(64, 0.02), name="st5_11b_encdec_stage2.gin + x.gin"),
+            "st5_large_enc__v4_32.json": dict(_report(16, 0.9), name="st5_large_enc.gin")}
+  main, detail, cheapest = aot_matrix.tables(aot_matrix.load(tmp_path), others).split("\n\n")
   rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in main.splitlines()[2:]}
   assert len(rows) == len(PAPER_RUNS) * 4  # one row per run x generation, compiled or not
   # chip-hours = chips x steps x estimate: v4 16 x 50,000 x 0.4 s = 89; v5p 8 x 50,000 x 0.5 s = 56 (cheapest that
@@ -234,8 +237,8 @@ def test_the_matrix_tables_name_the_cheapest_fitting_slice_and_the_missing_rows(
   assert cheapest.splitlines()[2:] == [
       f"| {run} | v4 89, v5e 44 (does not fit), v5p 56 (not compiled: v6e) | "
       "v5p, targets/v5p_16.gin (8 chips): 56 chip-hours |",
-      "| st5_11b_encdec_stage2.gin | v6e 2.1 (not compiled: v4, v5e, v5p) | v6e, targets/v6e_256.gin (256 chips): "
-      "2.1 chip-hours |"]
+      "| st5_11b_encdec_stage2.gin | v6e 2.1 (not compiled: v4, v5e, v5p) | x:64, other_slices/"
+      "st5_11b_encdec_stage2__v6e_64.json (64 chips): 1.1 chip-hours |"]
   assert len(detail.splitlines()) == 2 + 4
   assert f"| {run} | v5p | 1.00 / 2.00 | 1.000e+12 | 1.000e+11 | 1.000e+10 | 1.000e+08 | 12 | 100 s |" in detail
 
@@ -260,7 +263,7 @@ def test_docs_tpu_md_shows_the_matrix_of_the_committed_reports():
     assert r["name"] == run + (f" + {target}.gin" if target else ""), (run, generation)
     assert r["device_kind"] == GENERATION[generation][0] and r["compiled"], (run, generation)
   tpu_md = (REPO / "docs" / "tpu.md").read_text()
-  assert aot_matrix.tables(found) in tpu_md
+  assert aot_matrix.tables(found, aot_matrix.load_others(reports / "other_slices")) in tpu_md
   # The A/Bs of other slices and meshes: each named after its run, and shown as the script prints them.
   others = sorted((reports / "other_slices").glob("*.json"))
   assert others and all(json.loads(p.read_text())["name"].split(" + ")[0] == p.name.split("__")[0] + ".gin"
