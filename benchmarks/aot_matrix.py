@@ -71,12 +71,17 @@ def compile_one(results: pathlib.Path, run: str, generation: str, timeout: int) 
     proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout)
   except subprocess.TimeoutExpired:
     return f"{out.name}: timed out after {timeout} s"
-  if proc.returncode:  # 1 with a report: compiled, does not fit (stderr says why and what would make it fit)
-    (results / f"{out.stem}.log").write_text(proc.stdout + proc.stderr)
-  if not tmp.exists():
-    return f"{out.name}: failed (rc {proc.returncode}; {out.stem}.log)"
+  log = results / f"{out.stem}.log"
+  log.unlink(missing_ok=True)
+  # Exit 1 with a report: compiled, does not fit (stderr says why and what would make it fit). Anything else
+  # but 0 is a failure, whatever was written.
+  fits = json.loads(tmp.read_text())["fits"] if tmp.exists() and proc.returncode in (0, 1) else None
+  if proc.returncode or fits is None:
+    log.write_text(proc.stdout + proc.stderr)
+  if fits is None or fits != (proc.returncode == 0):
+    return f"{out.name}: failed (rc {proc.returncode}; {log.name})"
   tmp.rename(out)  # only a whole report counts as done, so an interrupted matrix resumes
-  return f"{out.name}: {time.time() - start:.0f} s" + (f", does not fit ({out.stem}.log)" if proc.returncode else "")
+  return f"{out.name}: {time.time() - start:.0f} s" + ("" if fits else f", does not fit ({log.name})")
 
 
 def load(results: pathlib.Path) -> dict[tuple[str, str], dict]:
@@ -95,6 +100,14 @@ def chip_hours(r: dict, run: str) -> str:
   return f"{hours:,.1f}" if hours < 10 else f"{hours:,.0f}"
 
 
+def _estimate_cells(r: dict, run: str) -> str:
+  """'fits: total / HBM | step time: compute / HBM / ICI | implied MFU | chip-hours' of one report."""
+  return (f"{'yes' if r['fits'] else '**no**'}: {r['total_bytes'] / 2**30:.2f} / {r['hbm_bytes'] / 2**30:.0f} GiB | "
+          f"**{r['roofline_step_seconds']:.3f} s**: {r['roofline_compute_seconds']:.3f} / "
+          f"{r['roofline_memory_seconds']:.3f} / {r['roofline_collective_seconds']:.3f} | {r['implied_mfu']:.0%} | "
+          f"{chip_hours(r, run)} ({STEPS[stage_of(run)]:,} steps)")
+
+
 def load_others(folder: pathlib.Path) -> dict[str, dict]:
   """{file name: report} of the A/B reports in `folder` (none if it does not exist)."""
   return {p.name: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
@@ -109,20 +122,15 @@ def tables(found: dict[tuple[str, str], dict], others: dict[str, dict] | None = 
   for run in PAPER_RUNS:
     for generation in GENERATIONS:
       t = target(run, generation)
-      where = f"targets/{t}.gin" if t else "its own (v4)"
+      target_label = f"targets/{t}.gin" if t else "its own (v4)"
       r = found.get((run, generation))
       if r is None:
         command = f"st5 aot --gin {run}" + (f" --gin targets/{t}.gin" if t else "")
-        lines.append(f"| {run} | {generation} | {where} | not compiled yet: `{command}` | | | |")
+        lines.append(f"| {run} | {generation} | {target_label} | not compiled yet: `{command}` | | | |")
         continue
       mesh = " x ".join(str(v) for v in r["mesh"].values())
-      fits = "yes" if r["fits"] else "**no**"
-      lines.append(
-          f"| {run} | {generation} | {where}: {r['topology']} ({r['devices']}), {mesh} | {fits}: "
-          f"{r['total_bytes'] / 2**30:.2f} / {r['hbm_bytes'] / 2**30:.0f} GiB | **{r['roofline_step_seconds']:.3f} s**: "
-          f"{r['roofline_compute_seconds']:.3f} / {r['roofline_memory_seconds']:.3f} / "
-          f"{r['roofline_collective_seconds']:.3f} | {r['implied_mfu']:.0%} | "
-          f"{chip_hours(r, run)} ({STEPS[stage_of(run)]:,} steps) |")
+      lines.append(f"| {run} | {generation} | {target_label}: {r['topology']} ({r['devices']}), {mesh} | "
+                   f"{_estimate_cells(r, run)} |")
   lines += ["", "| gin file | gen. | per-chip: state / temps (GiB) | compiled FLOPs per chip | XLA cost analysis FLOPs "
             "(loop bodies once) | HBM bytes per chip | ICI bytes sent per chip | loops (trip counts) | compile |",
             "|---|---|---|---|---|---|---|---|---|"]
@@ -139,13 +147,13 @@ def tables(found: dict[tuple[str, str], dict], others: dict[str, dict] | None = 
     if not done:
       continue
     by_gen = ", ".join(f"{g} {chip_hours(r, run)}" + ("" if r["fits"] else " (does not fit)") for g, r in done)
-    where = {g: f"{g}, targets/{target(run, g)}.gin" if target(run, g) else "v4, its own target" for g, _ in done}
-    fitting = [(r["devices"] * r["roofline_step_seconds"], where[g], r) for g, r in done if r["fits"]]
+    labels = {g: f"{g}, targets/{target(run, g)}.gin" if target(run, g) else "v4, its own target" for g, _ in done}
+    fitting = [(r["devices"] * r["roofline_step_seconds"], labels[g], r) for g, r in done if r["fits"]]
     fitting += [(r["devices"] * r["roofline_step_seconds"], f"{r['topology']}, other_slices/{name}", r)
                 for name, r in (others or {}).items() if r["name"].split(" + ")[0] == run and r["fits"]]
     if fitting:
-      _, where, r = min(fitting, key=lambda x: x[0])
-      best = f"{where} ({r['devices']} chips): {chip_hours(r, run)} chip-hours"
+      _, best_label, r = min(fitting, key=lambda x: x[0])
+      best = f"{best_label} ({r['devices']} chips): {chip_hours(r, run)} chip-hours"
     else:
       best = "none of the compiled slices"
     missing = [g for g in GENERATIONS if (run, g) not in found]
@@ -162,11 +170,8 @@ def other_slices_table(folder: pathlib.Path) -> str:
     r = json.loads(path.read_text())
     run = r["name"].split(" + ")[0]
     mesh = " x ".join(str(v) for v in r["mesh"].values())
-    lines.append(
-        f"| {path.name} | {r['name']} | {r['topology']} ({r['devices']}), {mesh} | {'yes' if r['fits'] else '**no**'}: "
-        f"{r['total_bytes'] / 2**30:.2f} / {r['hbm_bytes'] / 2**30:.0f} GiB | **{r['roofline_step_seconds']:.3f} s**: "
-        f"{r['roofline_compute_seconds']:.3f} / {r['roofline_memory_seconds']:.3f} / {r['roofline_collective_seconds']:.3f} | "
-        f"{r['implied_mfu']:.0%} | {chip_hours(r, run)} ({STEPS[stage_of(run)]:,} steps) |")
+    lines.append(f"| {path.name} | {r['name']} | {r['topology']} ({r['devices']}), {mesh} | "
+                 f"{_estimate_cells(r, run)} |")
   return "\n".join(lines)
 
 
@@ -177,7 +182,7 @@ def main(argv=None) -> int:
   p.add_argument("--compile", action="store_true", help="Compile the missing reports first.")
   p.add_argument("-j", "--jobs", type=int, default=1, help="Compiles at once (each mostly uses one core).")
   p.add_argument("-k", "--only", default="", help="Compile only runs / targets whose 'RUN TARGET' contains this.")
-  p.add_argument("--timeout", type=int, default=1800, help="Seconds per compile.")
+  p.add_argument("--timeout", type=int, default=3600, help="Seconds per compile.")
   args = p.parse_args(argv)
   results = pathlib.Path(args.results)
   results.mkdir(parents=True, exist_ok=True)

@@ -32,8 +32,9 @@ def bandwidth(mib: int = 512, repeats: int = 10) -> float:
   """Bytes/s of a jitted x * 2 + 1 over `mib` MiB of float32 (reads once, writes once; best of `repeats`)."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  x = jnp.ones((mib * 2 ** 20 // 4,), jnp.float32)
+
   from st5_jax.commands.bench import best_seconds  # pylint: disable=g-import-not-at-top
+  x = jnp.ones((mib * 2 ** 20 // 4,), jnp.float32)
   f = jax.jit(lambda v: v * 2.0 + 1.0)
   return 2 * x.nbytes / best_seconds(lambda: f(x).block_until_ready(), repeats)
 
