@@ -55,9 +55,10 @@ def report_path(results: pathlib.Path, run: str, generation: str) -> pathlib.Pat
   return results / f"{run[:-len('.gin')]}__{target(run, generation) or 'v4'}.json"
 
 
-def compile_one(results: pathlib.Path, run: str, generation: str, timeout: int) -> str:
+def compile_one(results: pathlib.Path, run: str, generation: str, timeout: int, *, redo: bool = False) -> str:
+  """Compiles `run` for `generation`'s target into its report in `results`; one line saying how it went."""
   out = report_path(results, run, generation)
-  if out.exists():
+  if out.exists() and not redo:
     return f"{out.name}: already there"
   t = target(run, generation)
   env = dict(os.environ)

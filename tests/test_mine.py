@@ -308,28 +308,38 @@ def _model(directory, vocab_path, seed=0, **config):
   return str(directory)
 
 
-def test_dense_mining_ranks_by_the_models_embeddings_and_reads_a_given_index(files, tmp_path, vocab_path):
-  model = _model(tmp_path / "model", vocab_path)
+def _mine_dense(files, out, model):
+  """Dense-mines the fixture pairs against their positives on 2 devices: (pairs, corpus, config, output rows)."""
   pairs = mine_lib.read_pairs([str(files / "pairs.jsonl")])
   corpus = mine_lib.positives_corpus(pairs)
   config = mine_lib.MineConfig(method="dense", num_negatives=2, range_max=6, relative_margin=0.001,
                                with_scores=True)
-  devices = jax.local_devices()[:2]
-  mine_lib.mine(pairs, corpus, str(tmp_path / "out"), config, model=model, devices=devices, batch_size=8)
-  rows = [json.loads(line) for line in (tmp_path / "out" / "part-00000.jsonl").read_text().splitlines()]
-  # The same model through the public encoder; ranks and scores by NumPy, then the (tested) filters.
-  encoder = SentenceEncoder.load(model)
-  q_QxD, d_NxD = encoder.encode(pairs.queries), encoder.encode(corpus.texts)
-  s_QxN = q_QxD @ d_NxD.T
-  assert corpus.ids == [f"p{i}" for i in range(len(corpus.texts))]
+  mine_lib.mine(pairs, corpus, str(out), config, model=model, devices=jax.local_devices()[:2], batch_size=8)
+  rows = [json.loads(line) for line in (out / "part-00000.jsonl").read_text().splitlines()]
+  return pairs, corpus, config, rows
+
+
+def _assert_mined_by(s_QxN, pairs, corpus, config, rows):
+  """Each row's positive scores, negatives and their scores are NumPy's ranking of s_QxN through the (tested)
+  filters."""
   for q, row in enumerate(rows):
-    ranked = np.lexsort((np.arange(len(corpus.texts)), -s_QxN[q]))[:6]
+    ranked = np.lexsort((np.arange(len(corpus.texts)), -s_QxN[q]))[:config.range_max]
     pos_P = np.array([s_QxN[q, corpus.texts.index(p)] for p in pairs.positives[q]], np.float32)
     np.testing.assert_allclose(row["pos_scores"], pos_P, atol=1e-4)
     kept, _ = mine_lib.select_negatives(ranked, s_QxN[q, ranked], positives=pairs.positives[q], positive_scores_P=pos_P,
                                         corpus_texts=corpus.texts, config=config, query_index=q)
     assert row["neg"] == [corpus.texts[ranked[r]] for r in kept], q
     np.testing.assert_allclose(row["neg_scores"], s_QxN[q, ranked[kept]], atol=1e-4)
+
+
+def test_dense_mining_ranks_by_the_models_embeddings_and_reads_a_given_index(files, tmp_path, vocab_path):
+  model = _model(tmp_path / "model", vocab_path)
+  pairs, corpus, config, rows = _mine_dense(files, tmp_path / "out", model)
+  # The same model through the public encoder; ranks and scores by NumPy, then the (tested) filters.
+  encoder = SentenceEncoder.load(model)
+  q_QxD, d_NxD = encoder.encode(pairs.queries), encoder.encode(corpus.texts)
+  assert corpus.ids == [f"p{i}" for i in range(len(corpus.texts))]
+  _assert_mined_by(q_QxD @ d_NxD.T, pairs, corpus, config, rows)
   manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
   assert manifest["counts"]["filtered"]["relative_margin"] > 0 and manifest["scorer"]["index"] is None
   # The index it built, given back with --index: the same negatives, from the CLI.
@@ -348,13 +358,7 @@ def test_dense_mining_ranks_by_the_models_embeddings_and_reads_a_given_index(fil
 def test_dense_mining_encodes_with_the_models_query_and_document_prompts(files, tmp_path, vocab_path):
   prompts = {"query": "query: ", "document": "passage: "}
   model = _model(tmp_path / "model", vocab_path, prompts=prompts)
-  pairs = mine_lib.read_pairs([str(files / "pairs.jsonl")])
-  corpus = mine_lib.positives_corpus(pairs)
-  config = mine_lib.MineConfig(method="dense", num_negatives=2, range_max=6, relative_margin=0.001,
-                               with_scores=True)
-  mine_lib.mine(pairs, corpus, str(tmp_path / "out"), config, model=model, devices=jax.local_devices()[:2],
-                batch_size=8)
-  rows = [json.loads(line) for line in (tmp_path / "out" / "part-00000.jsonl").read_text().splitlines()]
+  pairs, corpus, config, rows = _mine_dense(files, tmp_path / "out", model)
   # NumPy over the public encoder with the prompts written out: queries "query: ...", corpus "passage: ...".
   encoder = SentenceEncoder.load(model)
   q_QxD = encoder.encode([prompts["query"] + q for q in pairs.queries])
@@ -362,14 +366,7 @@ def test_dense_mining_encodes_with_the_models_query_and_document_prompts(files, 
   s_QxN = q_QxD @ d_NxD.T
   plain_QxN = encoder.encode(pairs.queries) @ encoder.encode(corpus.texts).T
   assert np.abs(s_QxN - plain_QxN).max() > 1e-2  # the prompts change the scores, so the check below can fail
-  for q, row in enumerate(rows):
-    pos_P = np.array([s_QxN[q, corpus.texts.index(p)] for p in pairs.positives[q]], np.float32)
-    np.testing.assert_allclose(row["pos_scores"], pos_P, atol=1e-4)
-    ranked = np.lexsort((np.arange(len(corpus.texts)), -s_QxN[q]))[:6]
-    kept, _ = mine_lib.select_negatives(ranked, s_QxN[q, ranked], positives=pairs.positives[q], positive_scores_P=pos_P,
-                                        corpus_texts=corpus.texts, config=config, query_index=q)
-    assert row["neg"] == [corpus.texts[ranked[r]] for r in kept], q
-    np.testing.assert_allclose(row["neg_scores"], s_QxN[q, ranked[kept]], atol=1e-4)
+  _assert_mined_by(s_QxN, pairs, corpus, config, rows)
 
 
 def _tree(out):
