@@ -159,3 +159,48 @@ def test_callbacks_into_a_closed_loop_are_dropped_and_counted_the_rest_passed_on
   for unraisable in (other, with_object, different):
     hook(unraisable)
   assert passed == [other, with_object, different] and hook.dropped == 2
+
+
+def _record(exc: BaseException) -> logging.LogRecord:
+  """asyncio's record of a task whose exception nobody retrieved."""
+  return logging.LogRecord("asyncio", logging.ERROR, __file__, 0, "Task exception was never retrieved", None,
+                           (type(exc), exc, exc.__traceback__))
+
+
+def _submit_after_shutdown() -> RuntimeError:
+  """What a task of orbax's gets when asyncio.run already shut its loop's executor down."""
+  import concurrent.futures
+  pool = concurrent.futures.ThreadPoolExecutor(1)
+  pool.shutdown()
+  try:
+    pool.submit(print)
+  except RuntimeError as e:
+    return e
+  raise AssertionError("a shut-down pool took work")
+
+
+def test_a_task_refused_by_a_shut_down_pool_is_dropped_only_after_a_storage_failure(monkeypatch):
+  # The full-disk test above met this once in a fresh-clone CI run (a race between orbax's
+  # pending metadata write and asyncio.run shutting its executor down), so it is checked directly.
+  monkeypatch.setattr(storage, "_storage_failure_seen", False)
+  quiet = storage.QuietBackgroundStorageErrors()
+  refused = _submit_after_shutdown()
+  assert storage.is_submit_after_shutdown(refused)
+  assert quiet.filter(_record(refused))  # no storage failure yet: the user sees it
+  disk_full = OSError(28, "No space left on device")
+  assert not quiet.filter(_record(disk_full))  # a storage failure: dropped, and remembered
+  assert not quiet.filter(_record(refused))
+  # The same message raised elsewhere, or another RuntimeError, still passes.
+  for other in (_unraisable(lambda: _raise("cannot schedule new futures after shutdown")).exc_value,
+                _unraisable(lambda: _raise("something else")).exc_value):
+    assert not storage.is_submit_after_shutdown(other)
+    assert quiet.filter(_record(other))
+
+
+def test_a_named_work_dir_write_error_also_counts_as_a_storage_failure(monkeypatch, tmp_path):
+  monkeypatch.setattr(storage, "_storage_failure_seen", False)
+  assert storage.workdir_write_error(ValueError("not a write failure"), tmp_path) is None
+  assert not storage._storage_failure_seen
+  assert storage.workdir_write_error(OSError(28, "No space left on device"), tmp_path) is not None
+  assert storage._storage_failure_seen
+  assert not storage.QuietBackgroundStorageErrors().filter(_record(_submit_after_shutdown()))
