@@ -8,6 +8,7 @@ space is back) and the same command is rerun.
 """
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import os
@@ -169,7 +170,6 @@ def _record(exc: BaseException) -> logging.LogRecord:
 
 def _submit_after_shutdown() -> RuntimeError:
   """What a task of orbax's gets when asyncio.run already shut its loop's executor down."""
-  import concurrent.futures
   pool = concurrent.futures.ThreadPoolExecutor(1)
   pool.shutdown()
   try:

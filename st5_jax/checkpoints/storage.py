@@ -82,10 +82,14 @@ def is_submit_after_shutdown(exc: BaseException) -> bool:
   """Whether `exc` is a thread pool refusing work because it was shut down (raised by concurrent.futures)."""
   if not isinstance(exc, RuntimeError) or str(exc) != "cannot schedule new futures after shutdown":
     return False
-  tb = exc.__traceback__
+  return _raised_in(exc.__traceback__, "concurrent/futures/thread.py")
+
+
+def _raised_in(tb, file_pattern: str) -> bool:
+  """Whether the innermost frame of traceback `tb` is in a file matching `file_pattern`."""
   while tb is not None and tb.tb_next is not None:
     tb = tb.tb_next
-  return tb is not None and pathlib.PurePath(tb.tb_frame.f_code.co_filename).match("concurrent/futures/thread.py")
+  return tb is not None and pathlib.PurePath(tb.tb_frame.f_code.co_filename).match(file_pattern)
 
 
 def is_callback_into_closed_loop(unraisable) -> bool:
@@ -100,10 +104,8 @@ def is_callback_into_closed_loop(unraisable) -> bool:
   exc, tb = unraisable.exc_value, unraisable.exc_traceback
   if unraisable.object is not None or not isinstance(exc, RuntimeError) or str(exc) != "Event loop is closed":
     return False
-  while tb is not None and tb.tb_next is not None:
-    tb = tb.tb_next
   # asyncio raises this message only from BaseEventLoop._check_closed.
-  return tb is not None and pathlib.PurePath(tb.tb_frame.f_code.co_filename).match("asyncio/base_events.py")
+  return _raised_in(tb, "asyncio/base_events.py")
 
 
 class _QuietClosedLoopCallbacks:
