@@ -57,20 +57,53 @@ def register(subparsers) -> None:
   p.add_argument("--strict", action="store_true", help="stop at the first bad row")
   p.set_defaults(run=run)
 
-  p = sub.add_parser("overlap", help="Report texts shared by training tasks and evaluation sets.",
+  p = sub.add_parser("overlap", help="Report texts shared by training data and evaluation or public test sets.",
                      description="Normalised-text overlap (NFKC, lower case, letters and digits only) between "
                                  "the texts of training tasks or mixtures and every text the evaluation sets "
-                                 "encode. Exit status 1 when there is any.")
-  p.add_argument("--tasks", required=True, help="comma-separated task or mixture names (mixtures are expanded)")
-  p.add_argument("--eval", default="all", help="evaluation sets: 'all' (default), suites (sts, transfer, sentglue, "
-                                               "dev) or task names as in `st5 eval --tasks`")
+                                 "encode. With any of --beir, --mteb_task, --jsonl, --cache (or the settings "
+                                 "below): the contamination check, exact and near-duplicate (MinHash LSH, verified "
+                                 "by exact Jaccard) matches of training texts with the queries, documents and "
+                                 "relevant documents of BEIR folders and MTEB tasks (and --eval sets), counted by "
+                                 "test set and side (docs/data.md). Exit status 1 when there is any.")
+  p.add_argument("--tasks", default=None, help="comma-separated task or mixture names (mixtures are expanded)")
+  p.add_argument("--eval", default=None,
+                 help="evaluation sets: 'all' (the default, but for the contamination check when --beir or "
+                      "--mteb_task name its test sets), suites (sts, transfer, sentglue, dev) or task names as in "
+                      "`st5 eval --tasks`")
   p.add_argument("--split", default="train", help="split of the training tasks (default train)")
   p.add_argument("--data_dir", help="data folder with the evaluation sets (default: $ST5_DATA_DIR)")
   p.add_argument("--module", action="append", default=[],
                  help="Python module to import first, registering your tasks (repeatable)")
-  p.add_argument("--show", type=int, default=3, help="example texts shown per overlap")
+  p.add_argument("--show", type=int, default=3, help="example texts shown per overlap (per side and kind)")
   p.add_argument("--json", action="store_true", help="machine-readable output")
-  p.set_defaults(run=run)
+  p.add_argument("--beir", action="append", default=[], metavar="FOLDER[:SPLIT]",
+                 help="a BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv) to check against: its SPLIT's "
+                      "judged queries (default test), every document, the relevant ones (repeatable)")
+  p.add_argument("--mteb_task", action="append", default=[], metavar="[NAME=]PATH",
+                 help="an MTEB task from a local copy of its Hugging Face dataset (huggingface-cli download "
+                      "mteb/scifact --repo-type dataset --local-dir PATH, or its Hugging Face cache snapshot); NAME "
+                      "is the mteb task name (default: the task of that dataset) (repeatable)")
+  p.add_argument("--jsonl", action="append", default=[],
+                 help="training JSON-lines file or glob: every string (or list of strings) field of each line, or "
+                      "--jsonl_fields (repeatable)")
+  p.add_argument("--jsonl_fields", default=None, help="comma-separated fields of --jsonl lines to check (default: all)")
+  p.add_argument("--cache", action="append", default=[],
+                 help="a token cache `st5 data cache` wrote (a task split's folder, or the --out root): its token "
+                      "ids decoded back to text (repeatable)")
+  p.add_argument("--vocab", default=None, help="SentencePiece model the --cache was written with (default: the "
+                                               "tasks' vocabulary, $ST5_VOCAB)")
+  p.add_argument("--near_threshold", type=float, default=None,
+                 help="Jaccard of the character-shingle sets at and above which a pair is a near duplicate "
+                      "(default 0.8)")
+  p.add_argument("--num_perm", type=int, default=None, help="MinHash permutations (default 128)")
+  p.add_argument("--shingle", type=int, default=None, help="characters per shingle of the normalised text (default 5)")
+  p.add_argument("--runner", default=None,
+                 help="run the contamination check as an Apache Beam pipeline on this runner (DirectRunner, "
+                      "DataflowRunner, ...); further Beam flags follow, e.g. --project P --region R --temp_location "
+                      "gs://B/tmp. Default: in memory, in this process")
+  p.add_argument("--out", default=None, help="write the contamination report (JSON) here, e.g. for `st5 export "
+                                             "--contamination_report`")
+  p.set_defaults(run=run, accepts_extra=True)
 
   p = sub.add_parser("cache", help="Write a task's tokenised, de-duplicated examples as sharded TFRecords.",
                      description="Tokenise a task split (mixtures: each of its tasks) through its usual path, "
@@ -279,22 +312,75 @@ def _nli_triples(args) -> int:
   return 0
 
 
+_CONTAMINATION_FLAGS = ("beir", "mteb_task", "jsonl", "cache", "near_threshold", "num_perm", "shingle", "runner", "out")
+
+
 def _overlap(args) -> int:
   # The evaluation readers and the task registry (TensorFlow): see _list.
-  from st5_jax.data import tasks  # noqa: F401  pylint: disable=g-import-not-at-top
-  from st5_jax.data.offline import overlap_report  # pylint: disable=g-import-not-at-top
   for module in args.module:
     importlib.import_module(module)
+  if any(getattr(args, flag) not in (None, []) for flag in _CONTAMINATION_FLAGS):
+    return _contamination(args)
+  if args.extra:
+    raise UsageError(f"unrecognized arguments: {' '.join(args.extra)} (see `st5 data overlap --help`)")
+  if not args.tasks:
+    raise UsageError("pass the training data: --tasks NAMES, --jsonl FILE or --cache DIR.")
+  from st5_jax.data import tasks  # noqa: F401  pylint: disable=g-import-not-at-top
+  from st5_jax.data.offline import overlap_report  # pylint: disable=g-import-not-at-top
   try:
     data_dir = str(paths.data_dir(args.data_dir))
     names = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    found, missing = overlap_report.find_overlaps(names, data_dir=data_dir, evaluations=args.eval,
+    found, missing = overlap_report.find_overlaps(names, data_dir=data_dir, evaluations=args.eval or "all",
                                                   split=args.split, show=args.show)
   except (FileNotFoundError, ValueError) as e:  # also seqio's "not found" for an unknown task name
     raise UsageError(str(e)) from e
   print(json.dumps(overlap_report.as_json(found, missing), indent=1) if args.json
         else overlap_report.summary(found, missing))
   return 1 if found else 0
+
+
+def _contamination(args) -> int:
+  from st5_jax.data.offline import contamination  # pylint: disable=g-import-not-at-top
+  if args.extra and not args.runner:
+    raise UsageError(f"unrecognized arguments: {' '.join(args.extra)} (Beam flags need --runner)")
+  defaults = contamination.Settings()
+  settings = contamination.Settings(
+      near_threshold=defaults.near_threshold if args.near_threshold is None else args.near_threshold,
+      num_perm=defaults.num_perm if args.num_perm is None else args.num_perm,
+      shingle=defaults.shingle if args.shingle is None else args.shingle, show=args.show)
+
+  def progress(line):
+    print(f"st5 data overlap: {line}", file=sys.stderr, flush=True)
+
+  try:
+    settings.check()
+    task_names = [t.strip() for t in (args.tasks or "").split(",") if t.strip()]
+    if task_names:
+      from st5_jax.data import tasks  # noqa: F401  pylint: disable=g-import-not-at-top  (registers them)
+    fields = [f.strip() for f in args.jsonl_fields.split(",") if f.strip()] if args.jsonl_fields else None
+    plan = contamination.plan_training(tasks=task_names, split=args.split, jsonl=args.jsonl, jsonl_fields=fields,
+                                       caches=args.cache, vocab=args.vocab)
+    evaluations = []
+    if args.eval is not None or not (args.beir or args.mteb_task):
+      from st5_jax.data import overlap  # pylint: disable=g-import-not-at-top
+      evaluations = overlap.evaluation_sets(args.eval or "all")
+    data_dir = str(paths.data_dir(args.data_dir)) if evaluations else None
+    test_sets, missing = contamination.read_test_sets(beir=args.beir, mteb=args.mteb_task, evaluations=evaluations,
+                                                 data_dir=data_dir)
+    if args.runner:
+      from st5_jax.data.offline import contamination_beam  # pylint: disable=g-import-not-at-top  (Apache Beam)
+      report = contamination_beam.check_beam(plan, test_sets, settings, missing=missing,
+                                             pipeline_args=[f"--runner={args.runner}", *args.extra],
+                                             progress=progress)
+    else:
+      report = contamination.check(plan, test_sets, settings, missing=missing, progress=progress)
+  except (FileNotFoundError, ValueError) as e:  # also seqio's "not found" for an unknown task name
+    raise UsageError(str(e)) from e
+  if args.out:
+    contamination.write_report(report, args.out)
+    progress(f"report written to {args.out}")
+  print(json.dumps(report, indent=1, ensure_ascii=False) if args.json else contamination.summary(report))
+  return 1 if report["contaminated"] else 0
 
 
 def _parse_lengths(text: str) -> dict[str, int]:
