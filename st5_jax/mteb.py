@@ -13,7 +13,12 @@ wrapper applies them: a model prompt named after the task (`{task}-{query|docume
 `{task type}-{query|document}`, the task type, in that order), else `encode_query` (the "query"
 prompt) for mteb's query side, `encode_document` (the "document" prompt) for its document side,
 `encode` (the default prompt) otherwise. `load(path, truncate_dim=64)` scores the first 64
-dimensions (renormalised). `local_tasks` builds mteb tasks from
+dimensions (renormalised). The meta's `memory_usage_mb` is the loaded parameters' bytes (each leaf's size
+times its dtype's, mteb's `round(bytes / 2**20)`), `training_datasets` the MTEB names of what trained the
+model (st5_jax.data.offline.contamination_names): the training tasks an export's training_data.json or a
+work dir's operative gin records, plus the MTEB tasks a contamination report (`load(path,
+contamination_report=...)`, or an export's contamination.json) finds any contamination of; None (mteb's
+"unknown") when neither is known. `local_tasks` builds mteb tasks from
 the local evaluation data (`st5 data prepare` layout: STS-B, STS12-16, SICK-R) that run
 without network access, the way mteb's own mock tasks do. Needs the `mteb` extra.
 """
@@ -29,8 +34,10 @@ import jax
 import numpy as np
 
 from st5_jax.checkpoints import loader
+from st5_jax.data.offline import contamination_names
 from st5_jax.encoder import SentenceEncoder
 from st5_jax.evaluation import readers
+from st5_jax.export import model_card
 
 try:
   import mteb as _mteb
@@ -60,19 +67,43 @@ def _num_params(encoder) -> int | None:
   return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
 
 
+def _memory_usage_mb(encoder) -> int | None:
+  """The parameters' memory as mteb computes it for its models (dtype-aware, MiB rounded)."""
+  params = getattr(encoder, "params", None)
+  if params is None:
+    return None
+  total = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(params))
+  return round(total / 2**20)
+
+
+def training_datasets(path: str, contamination_report: str | dict | None = None) -> set[str] | None:
+  """ModelMeta.training_datasets of the model at `path` (module docstring); `contamination_report`: a report file
+  or dict, used instead of an export's contamination.json."""
+  tasks, report = model_card.recorded_training(path)
+  if isinstance(contamination_report, (str, os.PathLike)):
+    from st5_jax.data.offline import contamination  # pylint: disable=g-import-not-at-top  (TensorFlow, datasketch)
+    report = contamination.read_report(os.fspath(contamination_report))
+  elif contamination_report is not None:
+    report = contamination_report
+  return contamination_names.training_datasets(tasks, report)
+
+
 def model_meta(encoder, *, path: str, name: str | None = None, revision: str | None = None,
-               license: str | None = "apache-2.0", load_kwargs: dict[str, Any] | None = None) -> ModelMeta:
+               license: str | None = "apache-2.0", load_kwargs: dict[str, Any] | None = None,
+               contamination_report: str | dict | None = None) -> ModelMeta:
   """mteb's ModelMeta for a loaded SentenceEncoder / SavedModelEncoder of `path`."""
   folder = pathlib.Path(str(path).rstrip("/")).name or "model"
   savedmodel = type(encoder).__name__ == "SavedModelEncoder"
   return ModelMeta(
       loader=functools.partial(load, path), loader_kwargs=dict(load_kwargs or {}),
       name=name or f"st5_jax/{folder}", revision=revision, release_date=None, languages=["eng-Latn"],
-      n_parameters=_num_params(encoder), memory_usage_mb=None, max_tokens=encoder.config.max_length,
+      n_parameters=_num_params(encoder), memory_usage_mb=_memory_usage_mb(encoder),
+      max_tokens=encoder.config.max_length,
       embed_dim=encoder.dim, license=license, open_weights=True,
       public_training_code=None, public_training_data=None,
       framework=["JAX", "TensorFlow"] if savedmodel else ["JAX"], reference=PAPER,
-      similarity_fn_name="cosine", use_instructions=bool(getattr(encoder, "prompts", None)), training_datasets=None,
+      similarity_fn_name="cosine", use_instructions=bool(getattr(encoder, "prompts", None)),
+      training_datasets=training_datasets(path, contamination_report),
       citation=CITATION,
   )
 
@@ -112,21 +143,22 @@ class SentenceT5Encoder(AbsEncoder):
 
 
 def load(path: str | os.PathLike, *, name: str | None = None, revision: str | None = None,
-         license: str | None = "apache-2.0", **load_kwargs) -> SentenceT5Encoder:
+         license: str | None = "apache-2.0", contamination_report: str | dict | None = None,
+         **load_kwargs) -> SentenceT5Encoder:
   """An mteb encoder for `path`; `load_kwargs` go to SentenceEncoder.load (pooling, vocab, max_length,
-  truncate_dim, ...)."""
+  truncate_dim, ...); `contamination_report`: a `st5 data overlap --out` report for training_datasets."""
   path = os.fspath(path)
   encoder = SentenceEncoder.load(path, **load_kwargs)
   return wrap(encoder, path=path, name=name, revision=revision, license=license, load_kwargs=load_kwargs,
-              batch_size=load_kwargs.get("batch_size"))
+              batch_size=load_kwargs.get("batch_size"), contamination_report=contamination_report)
 
 
 def wrap(encoder, *, path: str, name: str | None = None, revision: str | None = None,
          license: str | None = "apache-2.0", load_kwargs: dict[str, Any] | None = None,
-         batch_size: int | None = None) -> SentenceT5Encoder:
+         batch_size: int | None = None, contamination_report: str | dict | None = None) -> SentenceT5Encoder:
   """An mteb encoder over an already loaded SentenceEncoder / SavedModelEncoder of `path`."""
   meta = model_meta(encoder, path=os.fspath(path), name=name, revision=revision or _revision(path),
-                    license=license, load_kwargs=load_kwargs)
+                    license=license, load_kwargs=load_kwargs, contamination_report=contamination_report)
   return SentenceT5Encoder(encoder, meta, batch_size=batch_size)
 
 

@@ -98,6 +98,18 @@ def test_squad_dev_leaks_into_qnli_and_the_command_says_so(data_dir, eval_texts,
   rc = cli.main(["data", "overlap", "--tasks", name, "--eval", "SentGLUE-QNLI,TREC", "--json"])
   report = json.loads(capsys.readouterr().out)
   assert rc == 1 and {o["evaluation"] for o in report["overlaps"]} == {"SentGLUE-QNLI", "TREC"}
+  # The contamination check (st5_jax.data.offline.contamination) on the same task: its exact matches are these
+  # overlaps, its near duplicates (Jaccard >= 0.9 of character 5-grams) come on top, each verified here.
+  rc = cli.main(["data", "overlap", "--tasks", name, "--eval", "SentGLUE-QNLI", "--near_threshold", "0.9", "--json"])
+  (test_set,) = json.loads(capsys.readouterr().out)["test_sets"]
+  side = test_set["sides"]["texts"]
+  assert rc == 1 and test_set["name"] == "SentGLUE-QNLI" and side["total"] == len(eval_texts["SentGLUE-QNLI"])
+  assert side["exact"] == len(texts & eval_texts["SentGLUE-QNLI"]) == found[0].count
+  grams = lambda n: {n[i:i + 5] for i in range(len(n) - 4)} or {n}
+  assert side["near"] > 0 and side["near_examples"]  # QNLI's sentences cut differently from ReQA's (10, docs/data.md)
+  for e in side["near_examples"]:
+    a, b = grams(_norm(e["training_text"])), grams(_norm(e["test_text"]))
+    assert _norm(e["training_text"]) != _norm(e["test_text"]) and len(a & b) / len(a | b) >= 0.9
 
 
 def test_stage1_mixture_has_no_squad_and_reqa_needs_squad_train(data_dir):

@@ -108,6 +108,17 @@ def test_model_card_from_a_work_dir(natives, tmp_path):
                "dense 32 -> 16, no bias", "32 tokens"):
     assert text in card, text
   assert "nope" not in card
+  # The training task's MTEB names (st5_jax/data/offline/contamination_names.py), machine-readable beside the card;
+  # no report given: no Contamination section, no contamination.json.
+  assert "MTEB names of the training data: MNLI, SNLI" in card and "## Contamination" not in card
+  record = json.loads((out / model_card.TRAINING_DATA).read_text())
+  assert record["tasks"] == ["st5_simcse_nli_triples"] and record["mteb_training_datasets"] == ["MNLI", "SNLI"]
+  assert record["contamination_report"] is None and not (out / model_card.CONTAMINATION).exists()
+  # Re-exporting an export keeps what it recorded.
+  again = tmp_path / "again"
+  assert cli.main(["export", "--model", str(out), "--format", "sentence-transformers", "--out", str(again)]) == 0
+  assert json.loads((again / model_card.TRAINING_DATA).read_text())["mteb_training_datasets"] == ["MNLI", "SNLI"]
+  assert "- Training data: st5_simcse_nli_triples" in (again / "README.md").read_text()
 
 
 def test_model_card_when_nothing_is_known(tmp_path):

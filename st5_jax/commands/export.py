@@ -39,6 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                  help="SavedModel only: comma-separated lowering platforms of the forward pass.")
   p.add_argument("--eval_results", action="append", default=[],
                  help="`st5 eval` results JSON to quote in the model card (repeatable).")
+  p.add_argument("--contamination_report", default=None, metavar="REPORT.json",
+                 help="A `st5 data overlap --out` report: the model card's Contamination section, copied as "
+                      "contamination.json; its contaminated MTEB tasks join training_data.json's "
+                      "mteb_training_datasets (st5_jax.mteb's ModelMeta.training_datasets).")
   p.add_argument("--overwrite", action="store_true", help="Replace --out if it exists.")
   p.add_argument("--checkpoint", choices=["auto", "latest", "best"], default="auto",
                  help="of a work dir: its latest step, its best evaluated parameters (WORKDIR/best, kept by "
@@ -67,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
     summary = export_model(args.model, format=args.format, out=args.out, vocab=args.vocab, pooling=args.pooling,
                            max_length=args.max_length, platforms=platforms, eval_results=args.eval_results,
                            overwrite=args.overwrite, checkpoint=args.checkpoint, prompts=prompts,
-                           default_prompt_name=args.default_prompt_name, truncate_dim=args.truncate_dim)
+                           default_prompt_name=args.default_prompt_name, truncate_dim=args.truncate_dim,
+                           contamination_report=args.contamination_report)
   except (UnsupportedExportError, FileExistsError) as e:
     raise UsageError(str(e)) from e
   print(json.dumps(summary, indent=1))

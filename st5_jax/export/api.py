@@ -20,14 +20,16 @@ def export_model(model: paths.PathLike, *, format: str, out: paths.PathLike,  # 
                  vocab: str | None = None, pooling: str | None = None, max_length: int | None = None,
                  platforms: Sequence[str] | None = None, eval_results: Sequence[str] = (),
                  overwrite: bool = False, checkpoint: str = "auto", prompts: dict[str, str] | None = None,
-                 default_prompt_name: str | None = None, truncate_dim: int | None = None) -> dict[str, Any]:
+                 default_prompt_name: str | None = None, truncate_dim: int | None = None,
+                 contamination_report: str | None = None) -> dict[str, Any]:
   """Exports `model` (any format `SentenceEncoder.load` reads) to `out` (local or gs://); returns a summary.
 
   format: "savedmodel" or "sentence-transformers". `pooling` / `max_length` override the
   checkpoint's; `prompts` are added to the model's own (a name given replaces the model's),
   `default_prompt_name` / `truncate_dim` replace the model's (st5_jax.configs.ST5Config);
   `platforms` are the SavedModel's lowering targets (default cpu, cuda, tpu);
-  `eval_results` are `st5 eval` results files quoted in the model card. `checkpoint`: of a work dir,
+  `eval_results` are `st5 eval` results files quoted in the model card; `contamination_report` a
+  `st5 data overlap --out` report, the card's Contamination section (copied as contamination.json). `checkpoint`: of a work dir,
   "latest", "best" or "auto" (best when early stopping kept one).
   """
   if format not in FORMATS:
@@ -41,6 +43,9 @@ def export_model(model: paths.PathLike, *, format: str, out: paths.PathLike,  # 
   for f in eval_results:
     if not paths.is_file(f):
       raise FileNotFoundError(f"evaluation results {f} do not exist")
+  if contamination_report:
+    from st5_jax.data.offline import contamination  # pylint: disable=g-import-not-at-top  (TensorFlow, datasketch)
+    contamination.read_report(contamination_report)  # a bad report fails before the model loads
   start = time.perf_counter()
   src = source.load_source(model, vocab=vocab, pooling=pooling, max_length=max_length, checkpoint=checkpoint)
   src.config = src.config.replace(
@@ -61,7 +66,7 @@ def export_model(model: paths.PathLike, *, format: str, out: paths.PathLike,  # 
   num_params = int(sum(v.size for v in src.flat.values()))
   card = model_card.collect(config=src.config, source=src.path, source_format=src.format, step=src.step,
                             eval_results=eval_results, num_params=num_params,
-                            trained_pooling=src.trained_pooling)
+                            trained_pooling=src.trained_pooling, contamination_report=contamination_report)
   name = paths.path(out_path).name
   # The writers write local files: a gs:// destination is written locally, then uploaded.
   with paths.staged_output(out_path) as local_out:
@@ -89,7 +94,8 @@ def export_model(model: paths.PathLike, *, format: str, out: paths.PathLike,  # 
              "pooling": src.config.pooling, "towers": src.config.towers, "output_dim": src.config.encode_dim,
              "prompts": src.config.prompt_dict, "truncate_dim": src.config.truncate_dim,
              "max_length": src.config.max_length, "num_params": num_params, "bytes": size,
-             "vocab_file": src.vocab_file, "load_seconds": round(loaded - start, 2),
+             "vocab_file": src.vocab_file, "mteb_training_datasets": card.mteb_training_datasets,
+             "load_seconds": round(loaded - start, 2),
              "export_seconds": round(end - loaded, 2), **{k: v for k, v in stats.items() if k.endswith("_seconds")}}
   log.info("exported %s -> %s (%s, %.1f MB) in %.1fs", src.path, out_path, format, size / 2**20, end - start)
   return summary

@@ -2,8 +2,13 @@
 
 Everything is read from files the project writes (st5_config.json, train_config.json,
 results.json, operative_config.gin and config_history.json in a work dir; `st5 eval` results
-files); anything absent is reported as not recorded rather than guessed. The training settings
-are the ones the run started with, followed by every change a resume made (the history).
+files; a `st5 data overlap --out` contamination report); anything absent is reported as not recorded
+rather than guessed. The training settings are the ones the run started with, followed by every change a
+resume made (the history).
+
+Beside README.md an export holds `training_data.json` (the training tasks, their MTEB names and the MTEB
+names of the report's contaminated test sets: what st5_jax.mteb puts in `ModelMeta.training_datasets`)
+and, when a report was given, `contamination.json` (the report itself).
 """
 
 from __future__ import annotations
@@ -21,10 +26,13 @@ from st5_jax import __version__, configs, paths
 from st5_jax.checkpoints import native
 from st5_jax.checkpoints.savedmodel import prompt_signature_key
 from st5_jax.configs import ST5Config
+from st5_jax.data.offline import contamination_names
 
 log = logging.getLogger(__name__)
 
 README = "README.md"
+TRAINING_DATA = "training_data.json"  # the training tasks and their MTEB names, machine-readable
+CONTAMINATION = "contamination.json"  # the contamination report given at export, as given
 _POOLING_TEXT = {
     "enc_first": "encoder output of the first token (ST5-Enc first)",
     "enc_mean": "mean of the encoder outputs over non-padding tokens (ST5-Enc mean)",
@@ -148,14 +156,58 @@ class CardInfo:
   num_params: int | None = None
   # Set when the export pools differently from training (a removed layer-attention head).
   trained_pooling: str | None = None
+  # A `st5 data overlap --out` report (st5_jax.data.offline.contamination), when given at export.
+  contamination: dict[str, Any] | None = None
+
+  @property
+  def mteb_training_datasets(self) -> list[str] | None:
+    """ModelMeta.training_datasets: MTEB names of the training tasks and of the report's contaminated test sets."""
+    names = contamination_names.training_datasets(self.training_data, self.contamination)
+    return sorted(names) if names is not None else None
+
+  def training_record(self) -> dict[str, Any]:
+    """What `training_data.json` holds."""
+    mapped, unmapped = contamination_names.task_names(self.training_data)
+    return {"tasks": list(self.training_data), "task_mteb_names": sorted(mapped), "unmapped_tasks": unmapped,
+            "contaminated_mteb_names": sorted(contamination_names.report_names(self.contamination)),
+            "mteb_training_datasets": self.mteb_training_datasets,
+            "contamination_report": CONTAMINATION if self.contamination is not None else None}
+
+
+def training_tasks(root: str, train_results: dict[str, Any] | None = None) -> list[str]:
+  """The training tasks a work dir records: its operative gin's task bindings, else results.json's task."""
+  gin_file = paths.join(root, "operative_config.gin")
+  gin_text = paths.read_text(gin_file) if paths.is_file(gin_file) else ""
+  tasks = list(dict.fromkeys(_gin_values(gin_text, "task")))
+  if not tasks and train_results and train_results.get("task"):
+    tasks = [str(train_results["task"])]
+  return tasks
+
+
+def recorded_training(path: paths.PathLike) -> tuple[list[str], dict[str, Any] | None]:
+  """(training tasks, contamination report) that a model folder records: an export's training_data.json and
+  contamination.json, else a work dir's or model folder's operative gin (no report)."""
+  folder = os.fspath(path)
+  record = _read_json(paths.join(folder, TRAINING_DATA))
+  if record is not None:
+    report = _read_json(paths.join(folder, CONTAMINATION)) if record.get("contamination_report") else None
+    return [str(t) for t in record.get("tasks") or []], report
+  root = native.root(folder)
+  if root is None:
+    return [], None
+  return training_tasks(root, _read_json(paths.join(root, "results.json"))), None
 
 
 def collect(*, config: ST5Config, source: str, source_format: str, step: int | None = None,
             eval_results: Sequence[str] = (), num_params: int | None = None,
-            trained_pooling: str | None = None) -> CardInfo:
-  """Gathers what is known about the model at `source` (robust to missing files)."""
+            trained_pooling: str | None = None, contamination_report: str | None = None) -> CardInfo:
+  """Gathers what is known about the model at `source` (robust to missing files); `contamination_report`: a
+  `st5 data overlap --out` report (a bad one is a ContaminationError)."""
   info = CardInfo(config=config, source=str(source), source_format=source_format, step=step,
                   num_params=num_params, trained_pooling=trained_pooling)
+  if contamination_report:
+    from st5_jax.data.offline import contamination  # pylint: disable=g-import-not-at-top  (TensorFlow, datasketch)
+    info.contamination = contamination.read_report(contamination_report)
   root = native.root(source) if source_format == "native" else None
   if root is not None:
     info.train_config = _read_json(paths.join(root, "train_config.json"))
@@ -166,9 +218,12 @@ def collect(*, config: ST5Config, source: str, source_format: str, step: int | N
     gin_text = paths.read_text(gin_file) if paths.is_file(gin_file) else ""
     info.base_checkpoint = (info.train_results or {}).get("init_from") or next(
         iter(_gin_values(gin_text, "init_from")), None)
-    info.training_data = list(dict.fromkeys(_gin_values(gin_text, "task")))
-    if not info.training_data and info.train_results and info.train_results.get("task"):
-      info.training_data = [str(info.train_results["task"])]
+    info.training_data = training_tasks(root, info.train_results)
+  elif source_format in ("hf", "t5x", "sentence_transformers", "savedmodel") and paths.is_file(
+      paths.join(source, TRAINING_DATA)):  # an earlier export of ours: what it recorded
+    info.base_checkpoint = str(source)
+    info.training_data, recorded = recorded_training(source)
+    info.contamination = info.contamination or recorded
   elif source_format in ("hf", "t5x", "sentence_transformers", "savedmodel"):
     info.base_checkpoint = str(source)
   # Evaluations recorded by a training run (STS-B dev) come first, then `st5 eval` files.
@@ -336,6 +391,12 @@ def render(info: CardInfo, *, export_format: str, name: str = ".") -> str:
                  f"{changes}")
   if tr.get("interrupted_by"):
     lines.append(f"- Note: the last run was interrupted by {tr['interrupted_by']}")
+  mapped, unmapped = contamination_names.task_names(info.training_data)
+  if info.training_data:
+    lines.append("- MTEB names of the training data: " + (", ".join(sorted(mapped)) or "none")
+                 + (f" (no MTEB name known for {', '.join(unmapped)})" if unmapped else ""))
+  if info.contamination is not None:
+    lines += _contamination_lines(info)
   lines += ["", "## Evaluation", ""]
   if info.eval_rows:
     lines += ["| Model | Task | Metric | Score |", "|---|---|---|---:|"]
@@ -361,8 +422,39 @@ def render(info: CardInfo, *, export_format: str, name: str = ".") -> str:
   return "\n".join(lines)
 
 
+def _contamination_lines(info: CardInfo) -> list[str]:
+  """The card's Contamination section: the report's counts and fractions per test set and side."""
+  report = info.contamination
+  s, t = report.get("settings", {}), report.get("training", {})
+  sources = ", ".join(f"{x.get('kind')} `{x.get('name')}`" for x in t.get("sources", []))
+  lines = ["", "## Contamination", "",
+           f"The training data ({sources or 'sources not recorded'}: {t.get('texts', 0):,} texts, "
+           f"{t.get('distinct_texts', 0):,} distinct after normalisation) checked with `st5 data overlap` against "
+           f"public test sets: exact matches of the normalised text (NFKC, lower case, letters and digits) and near "
+           f"duplicates, Jaccard >= {s.get('near_threshold')} of {s.get('shingles')} (MinHash LSH, "
+           f"{s.get('num_perm')} permutations, each candidate verified). Each test text counts once, by its best "
+           "match; a document also counts among the relevant documents when a test query judges it relevant.", "",
+           "| Test set | Split | MTEB name | Side | Exact | Near | Total | Contaminated |",
+           "|---|---|---|---|---:|---:|---:|---:|"]
+  for test_set in report.get("test_sets", []):
+    for side, c in test_set.get("sides", {}).items():
+      lines.append(f"| {test_set.get('name')} | {test_set.get('split') or '-'} | {test_set.get('mteb_name') or '-'} "
+                   f"| {side.replace('_', ' ')} | {c['exact']:,} | {c['near']:,} | {c['total']:,} | "
+                   f"{100 * c['fraction']:.2f}% |")
+  names = sorted(contamination_names.report_names(report))
+  lines += ["", "MTEB tasks with any contamination (listed as trained on in `ModelMeta.training_datasets`, "
+            f"`{TRAINING_DATA}`): {', '.join(names) if names else 'none'}. The report is `{CONTAMINATION}`."]
+  return lines
+
+
 def write(directory: str | os.PathLike, info: CardInfo, *, export_format: str, name: str | None = None) -> str:
-  path = pathlib.Path(directory) / README
+  """README.md, training_data.json and (with a report) contamination.json into `directory`; returns the card's path."""
+  folder = pathlib.Path(directory)
+  path = folder / README
   path.write_text(render(info, export_format=export_format, name=name or str(directory)), encoding="utf-8")
+  (folder / TRAINING_DATA).write_text(json.dumps(info.training_record(), indent=1) + "\n", encoding="utf-8")
+  if info.contamination is not None:
+    (folder / CONTAMINATION).write_text(json.dumps(info.contamination, indent=1, sort_keys=True, ensure_ascii=False)
+                                        + "\n", encoding="utf-8")
   return str(path)
 

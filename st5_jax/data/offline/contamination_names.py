@@ -11,8 +11,8 @@ uses, so that the leaderboard can tell a zero-shot score from one on a test set 
   sentence-t5 metas list {"SNLI", "Community QA"}).
 
 A task mapped to () is known to hold nothing MTEB names (TREC-QA, Qatar Living, C4). A task absent
-from TASK_NAMES (users' tasks: st5_user_*, st5_seed_user_text, st5_distill) is unknown: it adds no
-name; check it with `st5 data overlap` and give the report to `st5 export --contamination_report`,
+from TASK_NAMES (users' tasks, UNKNOWN_TASKS: their data is whatever the user points them at) is unknown:
+it adds no name; check it with `st5 data overlap` and give the report to `st5 export --contamination_report`,
 whose test sets with any contamination are listed as trained on (`report_names`).
 
 Light: no mteb, seqio or TensorFlow import (the model card reads it).
@@ -47,6 +47,10 @@ TASK_NAMES: dict[str, tuple[str, ...]] = {
     "st5_seed_qa_text": ("WikiQA", "SQuAD"),  # the stage-1 QA texts, SQuAD train paragraphs when present
     "st5_seed_tfds_c4": (),
 }
+
+# The registered tasks whose data is the user's: no name can be known here.
+UNKNOWN_TASKS = ("st5_user_qa_pairs", "st5_user_nli_triples", "st5_user_hard_negatives", "st5_seed_user_text",
+                 "st5_distill")
 
 # BEIR's dataset folders (the names of its download archives) -> the MTEB retrieval task of the same data.
 # bioasq, signal1m, trec-news and robust04 have no MTEB task.
