@@ -470,12 +470,14 @@ def plan_training(*, tasks: Sequence[str] = (), split: str = "train", jsonl: Seq
         for unit in beam_cache.read_units(reader, sizes):
           add("task", (unit, spec))
         continue
-      # Any other seqio task (its own source, TFDS, preprocessors): its texts, read here, in chunks.
-      texts = list(reader.iter_examples()) if reader is not None else None
-      flat = [t for ex in texts for t in _strings(ex.values())] if texts is not None else list(
-          overlap_report.task_texts(name, split))
-      for start in range(0, len(flat), _CHUNK):
-        add("texts", flat[start:start + _CHUNK])
+      # Any other split reader (hard negatives) or seqio task (its own source, TFDS, preprocessors): its texts,
+      # read here, in chunks.
+      if reader is not None:
+        texts = [t for ex in reader.iter_examples() for t in _strings(ex.values())]
+      else:
+        texts = list(overlap_report.task_texts(name, split))
+      for start in range(0, len(texts), _CHUNK):
+        add("texts", texts[start:start + _CHUNK])
   fields = tuple(jsonl_fields) if jsonl_fields else None
   for pattern in jsonl:
     for path in _expand(pattern, "--jsonl"):
@@ -484,10 +486,10 @@ def plan_training(*, tasks: Sequence[str] = (), split: str = "train", jsonl: Seq
   for root in caches:
     from st5_jax.data import cache  # pylint: disable=g-import-not-at-top
     for folder in _cache_folders(root):
-      reader = cache.CacheReader(folder)  # CacheError: one line
-      m = reader.manifest
-      for i in range(reader.num_shards):
-        reader.check_size(i)  # a truncated shard fails here, before anything runs
+      cached = cache.CacheReader(folder)  # CacheError: one line
+      m = cached.manifest
+      for i in range(cached.num_shards):
+        cached.check_size(i)  # a truncated shard fails here, before anything runs
       key = f"vocab{len(models)}"
       models[key] = _cache_model(m, folder, vocab)
       prompts = m.get("prompts") or {}
@@ -495,7 +497,7 @@ def plan_training(*, tasks: Sequence[str] = (), split: str = "train", jsonl: Seq
                   if f["kind"] == "tokens"]
       sources.append({"kind": "cache", "name": folder, "task": m["task"], "split": m["split"],
                       "features": [f[0] for f in features], "examples": m["num_examples"]})
-      for i in range(reader.num_shards):
+      for i in range(cached.num_shards):
         add("cache", (folder, i, features, key))
   if not units and not sources:
     raise ContaminationError("no training data: pass --tasks, --jsonl or --cache.")
